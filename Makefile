@@ -1,0 +1,62 @@
+# kvdeck — the two commands of the README: `make run` and `make test`.
+# Both are idempotent: every step leaves a stamp and re-runs only when its inputs change.
+
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+PIP     := $(VPY) -m pip
+MODEL   ?= smollm2-135m
+WEIGHTS := models/weights/$(MODEL)
+NATIVE_SRC := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null) CMakeLists.txt pyproject.toml
+
+.PHONY: run test build model lint bench cuda-check clean
+
+run: build model
+	$(VENV)/bin/kvdeck chat
+
+test: build model $(VENV)/.test-deps
+	$(VPY) -m pytest -q -x tests $(PYTEST_ARGS)
+
+build: $(VENV)/.native
+
+model: $(WEIGHTS)/.done
+
+$(VENV)/.venv:
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	touch $@
+
+# Build tools and runtime + conversion dependencies (no torch).
+$(VENV)/.deps: $(VENV)/.venv pyproject.toml
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.13" ninja cmake
+	$(PIP) install -q numpy safetensors tokenizers orjson "gguf>=0.10" "jinja2>=3"
+	touch $@
+
+# Tests and references: torch 2.13.0 (CPU build from local disk), transformers, hypothesis.
+$(VENV)/.test-deps: $(VENV)/.deps
+	$(PIP) install -q torch==2.13.0 "transformers>=4.45" pytest hypothesis
+	touch $@
+
+# The native module: incremental rebuild (persistent build/ dir) whenever native/ changes.
+$(VENV)/.native: $(VENV)/.deps $(NATIVE_SRC)
+	flock build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+$(WEIGHTS)/.done: $(VENV)/.native models/manifests/$(MODEL).toml
+	$(VENV)/bin/kvdeck models fetch $(MODEL)
+	touch $@
+
+bench: build model
+	$(VENV)/bin/kvdeck bench cpu
+
+# Compile (only) the CUDA sources for Orin (sm_87) and Hopper (sm_90) where nvcc exists.
+cuda-check:
+	@if command -v nvcc >/dev/null 2>&1 && ls native/kernels/cuda/*.cu >/dev/null 2>&1; then \
+	  for f in native/kernels/cuda/*.cu; do \
+	    nvcc -std=c++17 -Inative/include -gencode arch=compute_87,code=sm_87 \
+	         -gencode arch=compute_90,code=sm_90 -c $$f -o /dev/null || exit 1; \
+	  done; echo "cuda-check: compiled $$(ls native/kernels/cuda/*.cu | wc -l) file(s)"; \
+	else echo "cuda-check: skipped (no nvcc or no .cu files)"; fi
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,53 @@
+// kvdeck/formats.h — number formats and their scalar codecs.
+//
+// Owner: formats.cpp. Pure functions, no state. These are the C++ twins of the numpy
+// reference codecs in models/quant/ and must agree with them bit for bit
+// (tests/native/test_codecs.py).
+//
+// Weight formats (per tensor, chosen at convert time; DESIGN.md § Engine):
+//   F32, F16  : dense reference formats, row-major [N, K].
+//   NVFP4     : codes u8 [N, Kp/2], two E2M1 per byte, element 2i in the low nibble;
+//               block scales u8 (E4M3) [N, Kp/16]; one f32 tensor scale g.
+//               w = e2m1(code) * e4m3(scale) * g.
+//   W4A8      : codes u8 [N, Kp/2], two int4 per byte, element 2i in the low nibble,
+//               nibble = q + 8 (offset binary, q in [-8, 7]); scales f16 [N, Kp/group].
+//               w = q * scale. Activations are quantised at run time to int8 per 32.
+// Kp = K rounded up to kQuantPad (32); padded weights are zero.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kvdeck {
+
+enum class DType : int32_t { F32 = 0, F16 = 1, NVFP4 = 2, W4A8 = 3 };
+
+constexpr int kNvfp4Block = 16;  // values per E4M3 block scale
+constexpr int kQ8Block = 32;     // run-time int8 activation block
+constexpr int kQuantPad = 32;    // K of quantised weights is padded to a multiple of this
+
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+const char* dtype_name(DType t);
+
+// ---- scalar codecs -----------------------------------------------------------------
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);   // round to nearest even, overflow to inf
+float e4m3_to_f32(uint8_t b);   // float8_e4m3fn: no inf, 0x7F/0xFF are NaN
+uint8_t f32_to_e4m3(float f);   // RNE, saturate to ±448, NaN -> 0x7F (sign kept)
+float e2m1_to_f32(uint8_t c);   // c in [0, 16): {0,.5,1,1.5,2,3,4,6} and negatives
+uint8_t f32_to_e2m1(float f);   // RNE on the E2M1 grid, saturate to ±6
+
+// ---- tensor codecs (reference implementations, also used by the KV cache) ---------
+// NVFP4 recipe: g = amax(W)/(6*448) (1 if W is all zero);
+//   s_b = e4m3(amax(block)/(6*g)); q = e2m1(w / (e4m3_to_f32(s_b)*g)) (0 if s_b decodes to 0).
+void nvfp4_quantize(const float* w /*[N,K]*/, int N, int K,
+                    uint8_t* codes /*[N,Kp/2]*/, uint8_t* scales /*[N,Kp/16]*/, float* tscale);
+void nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int K,
+                      float* w /*[N,K]*/);
+// W4A8 weights: per group of `group` values along K: d = amax/7; q = clamp(rint(w/d), -8, 7);
+//   scale stored as f16(d) and q computed against the f16-rounded d.
+void w4a8_quantize(const float* w /*[N,K]*/, int N, int K, int group,
+                   uint8_t* codes /*[N,Kp/2]*/, uint16_t* scales /*f16 [N,Kp/group]*/);
+void w4a8_dequantize(const uint8_t* codes, const uint16_t* scales, int N, int K, int group,
+                     float* w /*[N,K]*/);
+
+}  // namespace kvdeck

@@ -1,0 +1,1 @@
+namespace kvdeck { int placeholder_symbol = 0; }
