@@ -1,0 +1,21 @@
+"""The engine layer: a thin Python handle over the native engine (app.engine._native).
+
+Imports flow one way: nothing here imports the agent, the store, telemetry or the UI.
+"""
+
+from app.engine.engine import Engine, Generation
+from app.engine.errors import EngineError, KvPoolFull
+from app.engine.loader import default_models_dir, load_engine
+from app.engine.types import CallStats, ModelConfig, SamplingParams
+
+__all__ = [
+    "CallStats",
+    "Engine",
+    "EngineError",
+    "Generation",
+    "KvPoolFull",
+    "ModelConfig",
+    "SamplingParams",
+    "default_models_dir",
+    "load_engine",
+]

@@ -1,3 +1,138 @@
+// Python bindings of the engine: thin handles, no logic. Long calls release the GIL.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "kvdeck/engine.h"
+#include "kvdeck/kernels.h"
+#include "kvdeck/sampler.h"
+#include "kvdeck/weights_loader.h"
+
 namespace py = pybind11;
-void bind_engine(py::module_& m) {}
+using namespace kvdeck;
+
+namespace {
+
+template <typename T>
+T get_or(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+ModelConfig config_from(const py::dict& d) {
+  ModelConfig c;
+  c.hidden = d["hidden"].cast<int>();
+  c.intermediate = d["intermediate"].cast<int>();
+  c.n_layers = d["n_layers"].cast<int>();
+  c.n_heads = d["n_heads"].cast<int>();
+  c.n_kv_heads = d["n_kv_heads"].cast<int>();
+  c.head_dim = d["head_dim"].cast<int>();
+  c.vocab = d["vocab"].cast<int>();
+  c.rms_eps = d["rms_eps"].cast<float>();
+  c.attn_bias = get_or<bool>(d, "attn_bias", false);
+  c.qk_norm = get_or<bool>(d, "qk_norm", false);
+  c.rope_inv_freq = d["rope_inv_freq"].cast<std::vector<float>>();
+  return c;
+}
+
+KvDType kv_dtype_from(const std::string& s) {
+  if (s == "f32") return KvDType::F32;
+  if (s == "f16") return KvDType::F16;
+  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16)");
+}
+
+EngineOptions options_from(const py::dict& d) {
+  EngineOptions o;
+  o.backend = get_or<std::string>(d, "backend", o.backend);
+  o.threads = get_or<int>(d, "threads", o.threads);
+  o.kv_dtype = kv_dtype_from(get_or<std::string>(d, "kv", "f32"));
+  o.kv_block = get_or<int>(d, "kv_block", o.kv_block);
+  o.kv_pages = get_or<int>(d, "kv_pages", o.kv_pages);
+  o.max_context = get_or<int>(d, "max_context", o.max_context);
+  o.max_chunk = get_or<int>(d, "max_chunk", o.max_chunk);
+  return o;
+}
+
+std::string dtype_of(const py::array& a) {
+  const char k = a.dtype().kind();
+  const auto size = a.dtype().itemsize();
+  if (k == 'f' && size == 4) return "f32";
+  if (k == 'f' && size == 2) return "f16";
+  if (k == 'u' && size == 1) return "u8";
+  return std::string(1, k) + std::to_string(size);
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  static py::exception<KvPoolFull> kv_full(m, "KvPoolFullError", PyExc_RuntimeError);
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](const py::dict& config, const py::dict& options) {
+             return std::make_unique<Engine>(config_from(config), options_from(options));
+           }),
+           py::arg("config"), py::arg("options"))
+      .def(
+          "load_weights",
+          [](Engine& e, const py::dict& tensors, bool tie) {
+            NamedTensors named;
+            std::vector<py::array> keep;  // contiguous copies live until the upload is done
+            for (auto item : tensors) {
+              py::array a = py::array::ensure(item.second, py::array::c_style);
+              if (!a) throw std::invalid_argument("weights: " + item.first.cast<std::string>() + " is not an array");
+              keep.push_back(a);
+              HostTensor h;
+              h.data = a.data();
+              h.dtype = dtype_of(a);
+              h.nbytes = size_t(a.nbytes());
+              for (py::ssize_t i = 0; i < a.ndim(); ++i) h.shape.push_back(a.shape(i));
+              named.emplace(item.first.cast<std::string>(), h);
+            }
+            py::gil_scoped_release nogil;
+            load_weights(e, named, tie);
+          },
+          py::arg("tensors"), py::arg("tie_embeddings"))
+      .def("open_sequence", &Engine::open_sequence)
+      .def("close_sequence", &Engine::close_sequence)
+      .def("sequence_tokens", [](const Engine& e, int s) { return e.sequence(s).tokens; })
+      .def("sequence_pages", [](const Engine& e, int s) { return e.sequence(s).pages; })
+      .def(
+          "forward",
+          [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+             bool all_logits) {
+            const int n = int(ids.size());
+            const int V = e.config().vocab;
+            py::array_t<float> out = all_logits ? py::array_t<float>({n, V}) : py::array_t<float>(V);
+            const int32_t* p = ids.data();
+            float* o = out.mutable_data();
+            {
+              py::gil_scoped_release nogil;
+              e.forward(seq, p, n, o, all_logits);
+            }
+            return out;
+          },
+          py::arg("seq"), py::arg("ids"), py::arg("all_logits") = false,
+          "Append ids to the sequence and compute them; logits f32 [V] of the last token, "
+          "or [n, V] with all_logits.")
+      .def_property_readonly("backend", [](Engine& e) { return e.backend().name(); })
+      .def_property_readonly("threads", [](Engine& e) { return e.backend().threads(); })
+      .def_property_readonly("weight_bytes", &Engine::weight_bytes)
+      .def_property_readonly("kv_block", [](Engine& e) { return e.pool().block(); })
+      .def_property_readonly("kv_pages", [](Engine& e) { return e.pool().n_pages(); })
+      .def_property_readonly("kv_free_pages", [](Engine& e) { return e.pool().free_pages(); })
+      .def_property_readonly("kv_used_pages", [](Engine& e) { return e.pool().used_pages(); })
+      .def_property_readonly("kv_bytes_per_token", [](Engine& e) { return e.pool().bytes_per_token(); })
+      .def_property_readonly("kv_format", [](Engine& e) { return std::string(kv_dtype_name(e.pool().dtype())); });
+
+  py::class_<Sampler>(m, "Sampler")
+      .def(py::init<uint64_t>(), py::arg("seed") = 0)
+      .def(
+          "sample",
+          [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits,
+             float temperature, int top_k, float top_p) {
+            SamplingParams p{temperature, top_k, top_p};
+            return s.sample(logits.data(), int(logits.size()), p);
+          },
+          py::arg("logits"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f);
+
+  m.def("kernel_isa", [] { return std::string(kernel_isa()); });
+}

@@ -1,0 +1,18 @@
+"""`kvdeck bench <name>`: route to one benchmark. Benchmarks are commands, not tests."""
+
+from __future__ import annotations
+
+import sys
+
+BENCHES = {
+    "kernels": "app.bench.kernels",  # GEMV/GEMM per format and ISA, vs memcpy bandwidth
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
+        sys.stderr.write("usage: kvdeck bench {" + ",".join(BENCHES) + "} [--json]\n")
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    import importlib
+
+    return importlib.import_module(BENCHES[argv[0]]).run(argv[1:])

@@ -1,0 +1,64 @@
+"""Settings: frozen dataclasses, one loader (TOML file, then command-line flags).
+
+The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
+
+    [engine]
+    model = "smollm2-135m"    # a name under the models folder, or a path
+    weights = "nvfp4"         # nvfp4 | w4a8 | f16 | f32
+    kv = "f32"                # f32 | f16
+    threads = 0               # 0: all cores
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    model: str = "smollm2-135m"
+    weights: str = "nvfp4"
+    kv: str = "f32"
+    threads: int = 0
+    max_context: int = 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    engine: EngineSettings = EngineSettings()
+
+
+class ConfigError(Exception):
+    pass
+
+
+def config_path() -> Path:
+    env = os.environ.get("KVDECK_CONFIG")
+    return Path(env) if env else Path.home() / ".config" / "kvdeck" / "config.toml"
+
+
+def load_settings(path: Path | None = None, **overrides) -> Settings:
+    """Read the TOML file (if any), then apply non-None keyword overrides to [engine]."""
+    path = path or config_path()
+    engine = EngineSettings()
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML ({e})") from None
+        section = data.get("engine", {})
+        known = {f.name: f.type for f in fields(EngineSettings)}
+        for key, value in section.items():
+            if key not in known:
+                raise ConfigError(f"{path}: [engine] has unknown field '{key}' (known: {', '.join(known)})")
+        engine = replace(engine, **section)
+    engine = replace(engine, **{k: v for k, v in overrides.items() if v is not None})
+    return Settings(engine=engine)

@@ -1,0 +1,192 @@
+"""Load a kvdeck model folder (docs/ENGINE.md) into the native engine.
+
+`load_engine(path, weights=..., kv=...)` accepts a model root (`models/weights/<model>`,
+with one sub-folder per weight format) or a format folder directly. Every problem with the
+folder is an EngineError naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from app.engine import _native
+from app.engine.engine import Engine
+from app.engine.errors import EngineError
+from app.engine.types import ModelConfig
+
+FORMAT_VERSION = 1
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32")
+KV_FORMATS = ("f32", "f16")
+
+
+def default_models_dir() -> Path:
+    """Where `kvdeck models fetch` writes: $KVDECK_MODELS or <checkout>/models/weights."""
+    env = os.environ.get("KVDECK_MODELS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "models" / "weights"
+
+
+def resolve_model_dir(path: str | os.PathLike, weights: str | None) -> Path:
+    """A format folder from a model root + format, a format folder, or a model name."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and len(p.parts) == 1:
+        p = default_models_dir() / p  # a bare model name such as "smollm2-135m"
+    if not p.is_dir():
+        raise EngineError(f"{p}: model folder not found (run `kvdeck models fetch smollm2-135m`)")
+    if (p / "config.json").is_file():
+        return p
+    if weights is None:
+        weights = "nvfp4"
+    if weights not in WEIGHT_FORMATS:
+        raise EngineError(f"weights '{weights}' is not a weight format ({', '.join(WEIGHT_FORMATS)})")
+    sub = p / weights
+    if not (sub / "config.json").is_file():
+        have = sorted(d.name for d in p.iterdir() if (d / "config.json").is_file())
+        raise EngineError(f"{sub}: no {weights} weights in {p} (found: {', '.join(have) or 'none'})")
+    return sub
+
+
+# ---- config.json ----------------------------------------------------------------------
+def read_config(folder: Path) -> ModelConfig:
+    f = folder / "config.json"
+    try:
+        raw = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise EngineError(f"{f}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EngineError(f"{f}: not valid JSON ({e})") from None
+    version = raw.get("format_version")
+    if version != FORMAT_VERSION:
+        raise EngineError(f"{f}: format_version {version!r} is not supported (this kvdeck reads {FORMAT_VERSION})")
+    arch = raw.get("architecture")
+    if arch not in ARCHITECTURES:
+        raise EngineError(f"{f}: architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
+
+    def need(key: str, kind: type):
+        if key not in raw:
+            raise EngineError(f"{f}: field '{key}' is missing")
+        value = raw[key]
+        if kind is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise EngineError(f"{f}: field '{key}' should be {kind.__name__}, got {value!r}")
+        return value
+
+    hidden = need("hidden_size", int)
+    heads = need("num_attention_heads", int)
+    stop = raw.get("stop_token_ids") or ([raw["eos_token_id"]] if raw.get("eos_token_id") is not None else [])
+    weights = raw.get("weights") or {}
+    return ModelConfig(
+        model=str(raw.get("model", folder.parent.name)),
+        architecture=arch,
+        hidden_size=hidden,
+        intermediate_size=need("intermediate_size", int),
+        num_hidden_layers=need("num_hidden_layers", int),
+        num_attention_heads=heads,
+        num_key_value_heads=need("num_key_value_heads", int),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        vocab_size=need("vocab_size", int),
+        rope_theta=need("rope_theta", float),
+        rms_norm_eps=need("rms_norm_eps", float),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+        qk_norm=bool(raw.get("qk_norm", arch == "qwen3")),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_id=raw.get("eos_token_id"),
+        stop_token_ids=tuple(int(t) for t in stop),
+        chat_format=str(raw.get("chat_format", "generic")),
+        weight_format=str(weights.get("format", folder.name)),
+        rope_scaling=raw.get("rope_scaling"),
+        chat_template=str(raw.get("chat_template", "")),
+    )
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """inv_freq f32 [head_dim/2] as Hugging Face computes it, with Llama 3 scaling if set."""
+    d = cfg.head_dim
+    inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(np.float32)
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "llama3":
+        factor = float(rs["factor"])
+        low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+        old = float(rs["original_max_position_embeddings"])
+        low_wl, high_wl = old / low, old / high
+        wl = 2 * np.pi / inv
+        scaled = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wl >= high_wl) & (wl <= low_wl)
+        inv = np.where(is_mid, mid, scaled).astype(np.float32)
+    elif kind not in (None, "default"):
+        raise EngineError(f"rope_scaling type {kind!r} is not supported (llama3)")
+    return inv
+
+
+# ---- tensors --------------------------------------------------------------------------
+def read_tensors(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    f = folder / "model.safetensors"
+    if not f.is_file():
+        raise EngineError(f"{f}: missing")
+    try:
+        return load_file(str(f))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise EngineError(f"{f}: unreadable or truncated safetensors ({e})") from None
+
+
+def read_tokenizer(folder: Path):
+    from tokenizers import Tokenizer
+
+    f = folder / "tokenizer.json"
+    if not f.is_file():
+        raise EngineError(f"{f}: missing")
+    try:
+        return Tokenizer.from_file(str(f))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise EngineError(f"{f}: not a valid tokenizers file ({e})") from None
+
+
+# ---- engine ---------------------------------------------------------------------------
+def load_engine(
+    path: str | os.PathLike,
+    weights: str | None = None,
+    kv: str = "f32",
+    threads: int | None = None,
+    kv_pages: int | None = None,
+    max_context: int = 4096,
+) -> Engine:
+    """Load a model folder onto the CPU backend. See module docstring for `path`."""
+    if kv not in KV_FORMATS:
+        raise EngineError(f"kv format '{kv}' is not supported ({', '.join(KV_FORMATS)})")
+    folder = resolve_model_dir(path, weights)
+    cfg = read_config(folder)
+    tokenizer = read_tokenizer(folder)
+    tensors = read_tensors(folder)
+    native_cfg = {
+        "hidden": cfg.hidden_size,
+        "intermediate": cfg.intermediate_size,
+        "n_layers": cfg.num_hidden_layers,
+        "n_heads": cfg.num_attention_heads,
+        "n_kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "vocab": cfg.vocab_size,
+        "rms_eps": cfg.rms_norm_eps,
+        "attn_bias": cfg.attention_bias,
+        "qk_norm": cfg.qk_norm,
+        "rope_inv_freq": rope_inv_freq(cfg).tolist(),
+    }
+    options = {"kv": kv, "threads": threads or 0, "kv_pages": kv_pages or 0, "max_context": max_context}
+    try:
+        native = _native.Engine(native_cfg, options)
+        native.load_weights(tensors, cfg.tie_word_embeddings)
+    except ValueError as e:
+        raise EngineError(f"{folder / 'model.safetensors'}: {e}") from None
+    return Engine(native, cfg, tokenizer, folder)

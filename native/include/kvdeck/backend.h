@@ -1,0 +1,68 @@
+// kvdeck/backend.h — the operations the forward pass needs, per backend.
+//
+// The forward pass (forward.cpp) is written once against this interface; the CPU backend
+// implements it here and the CUDA backend will implement it beside it. Every pointer an op
+// receives lives in memory this backend allocated. Ops may run asynchronously on
+// backends that can (CUDA streams); sync() waits. Ops never allocate.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvdeck/kernels.h"
+#include "kvdeck/kv_pool.h"
+
+namespace kvdeck {
+
+// Per-call scratch for run-time quantised activations (int8 per 32-block).
+struct QuantScratch {
+  ActQ8 act;            // views into backend memory sized for [max_rows, max_K]
+  bool valid = false;   // act holds the quantisation of the current input
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int threads() const = 0;
+
+  // ---- memory -------------------------------------------------------------------
+  virtual void* alloc(size_t bytes) = 0;   // zero-filled, 64-byte aligned
+  virtual void free(void* p) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void sync() = 0;
+
+  // ---- ops (shapes in comments; row-major) ----------------------------------------
+  // x[m, :] = table[ids[m], :]                       ids: i32 [M], x: f32 [M, H]
+  virtual void embed(const WeightView& table, const int32_t* ids, int M, float* x) = 0;
+  // y[m, :] = x[m, :] / rms(x[m, :]) * w             x, y: f32 [M, n], w: f32 [n]
+  virtual void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) = 0;
+  // Quantise x f32 [M, K] for the integer GEMM paths (NVFP4, W4A8) into q.
+  virtual void quantize_input(const float* x, int M, int K, QuantScratch& q) = 0;
+  // y[M, N] (row stride ldy) = x[M, K] · W^T; xq must hold x quantised when W is integer.
+  virtual void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M,
+                      float* y, int ldy) = 0;
+  // x[m, j] += b[j]                                  x: f32 [M, n] (row stride ld)
+  virtual void add_bias(float* x, const float* b, int M, int n, int ld) = 0;
+  // Rotate-half RoPE in place over heads of D at positions pos[m].
+  //   x: f32 [M, n_heads, D] (row stride ld); inv_freq: f32 [D/2]
+  virtual void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos,
+                    const float* inv_freq) = 0;
+  // Write k, v rows (f32 [M, nkv*D], row stride ld) into the layer's pool slots.
+  virtual void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
+                        const int32_t* slots, int M) = 0;
+  // Causal attention of M queries at positions p0..p0+M-1 over ctx = p0+M cached tokens.
+  //   q: f32 [M, nh*D] (row stride ldq), pages: i32 [ceil(ctx/block)], out: f32 [M, nh*D]
+  virtual void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, int p0,
+                         const int32_t* pages, int nh, int nkv, int D, float* out) = 0;
+  // y[m, j] = silu(a[m, j]) * b[m, j]               a, b, y: f32 [M, n]
+  virtual void silu_mul(const float* a, const float* b, int M, int n, float* y) = 0;
+  // x += y                                           f32 [n]
+  virtual void add(float* x, const float* y, size_t n) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace kvdeck

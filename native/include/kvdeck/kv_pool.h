@@ -1,0 +1,66 @@
+// kvdeck/kv_pool.h — the paged KV pool: physical storage and page reference counts.
+//
+// Three layers, as in SGLang's mem_cache: a request maps its token positions to pages
+// (its page table, owned by the Sequence); this pool hands out page indices and counts
+// their references (the one owner of page ref counts); the storage is per layer
+// K and V [n_pages, block, n_kv, D] in backend memory. A page returns to the free list
+// when its reference count drops to zero. The prefix cache (radix tree) will hold its
+// own references through the same ref/unref calls.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvdeck {
+
+class Backend;
+
+enum class KvDType : int32_t { F32 = 0, F16 = 1 };
+const char* kv_dtype_name(KvDType t);
+size_t kv_dtype_bytes(KvDType t);
+
+// Thrown when a request cannot get the pages it needs.
+struct KvPoolFull : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class KvPool {
+ public:
+  KvPool(Backend& backend, int n_layers, int n_kv, int head_dim, int block, int n_pages,
+         KvDType dtype);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  // ---- geometry -------------------------------------------------------------------
+  int block() const { return block_; }
+  int n_pages() const { return n_pages_; }
+  int n_kv() const { return n_kv_; }
+  int head_dim() const { return head_dim_; }
+  KvDType dtype() const { return dtype_; }
+  size_t page_bytes() const;        // one page, all layers, K and V
+  size_t bytes_per_token() const;   // all layers, K and V
+  // K / V storage of one layer: [n_pages, block, n_kv, D] of dtype().
+  void* k(int layer) const { return k_[layer]; }
+  void* v(int layer) const { return v_[layer]; }
+
+  // ---- page references (mutating) ---------------------------------------------------
+  int alloc_page();                 // ref count 1; throws KvPoolFull when none is free
+  void ref(int page);
+  void unref(int page);             // frees the page at zero
+  int refcount(int page) const { return refs_[page]; }
+  int free_pages() const { return static_cast<int>(free_.size()); }
+  int used_pages() const { return n_pages_ - free_pages(); }
+
+ private:
+  Backend& backend_;
+  int n_layers_, n_kv_, head_dim_, block_, n_pages_;
+  KvDType dtype_;
+  std::vector<void*> k_, v_;        // [L] backend pointers
+  std::vector<int32_t> refs_;       // [n_pages]
+  std::vector<int32_t> free_;       // stack of free page ids
+};
+
+}  // namespace kvdeck

@@ -1,0 +1,82 @@
+// Row kernels of the CPU backend: RMSNorm, RoPE, SiLU·mul, f16 conversion.
+// Plain loops written for the auto-vectoriser; on x86 each hot one is cloned for AVX-512
+// and AVX2 and the loader picks a clone at run time (no -march flags anywhere).
+#include <cmath>
+#include <cstring>
+
+#include "kvdeck/formats.h"
+#include "kvdeck/ops_cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#include <immintrin.h>
+#else
+#define KV_CLONES
+#endif
+
+namespace kvdeck::cpu {
+
+KV_CLONES void rmsnorm_row(const float* x, const float* w, int n, float eps, float* y) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+void rope_row(float* x, int n_heads, int D, const float* cs, const float* sn) {
+  const int half = D / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * D;
+#pragma omp simd
+    for (int i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cs[i] - b * sn[i];
+      v[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+
+KV_CLONES void silu_mul_row(const float* a, const float* b, int n, float* y) {
+  for (int i = 0; i < n; ++i) {
+    const float x = a[i];
+    y[i] = x / (1.0f + std::exp(-x)) * b[i];
+  }
+}
+
+// ---- f16 conversion -------------------------------------------------------------------
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t* h, float* f,
+                                                                  int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
+}
+__attribute__((target("avx2,f16c"))) static void f32_to_f16_f16c(const float* f, uint16_t* h,
+                                                                  int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) h[i] = _cvtss_sh(f[i], _MM_FROUND_TO_NEAREST_INT);
+}
+static const bool kHasF16C = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+#endif
+
+void f16_to_f32_row(const uint16_t* h, float* f, int n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHasF16C) return f16_to_f32_f16c(h, f, n);
+#endif
+  for (int i = 0; i < n; ++i) f[i] = f16_to_f32(h[i]);
+}
+
+void f32_to_f16_row(const float* f, uint16_t* h, int n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHasF16C) return f32_to_f16_f16c(f, h, n);
+#endif
+  for (int i = 0; i < n; ++i) h[i] = f32_to_f16(f[i]);
+}
+
+}  // namespace kvdeck::cpu

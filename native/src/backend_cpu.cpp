@@ -1,0 +1,165 @@
+// The CPU backend: host memory, OpenMP threads, and the kernels of native/kernels/cpu.
+//
+// Threading: each op splits its output into disjoint ranges, one per thread (GEMM by
+// weight rows so every thread streams its own slice of the weights; attention by
+// query × KV head). Kernels themselves are single-threaded.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kvdeck/backend.h"
+#include "kvdeck/ops_cpu.h"
+
+namespace kvdeck {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {}
+
+  std::string name() const override { return "cpu"; }
+  int threads() const override { return threads_; }
+
+  // ---- memory ---------------------------------------------------------------------
+  void* alloc(size_t bytes) override {
+    const size_t n = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, n ? n : 64);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, n);
+    return p;
+  }
+  void free(void* p) override { std::free(p); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void sync() override {}
+
+  // ---- ops ------------------------------------------------------------------------
+  void embed(const WeightView& table, const int32_t* ids, int M, float* x) override {
+    const int H = table.K;
+    for (int m = 0; m < M; ++m) {
+      const size_t off = static_cast<size_t>(ids[m]) * H;
+      if (table.dtype == DType::F32)
+        std::memcpy(x + static_cast<size_t>(m) * H, static_cast<const float*>(table.data) + off, sizeof(float) * H);
+      else
+        cpu::f16_to_f32_row(static_cast<const uint16_t*>(table.data) + off, x + static_cast<size_t>(m) * H, H);
+    }
+  }
+
+  void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) override {
+#pragma omp parallel for num_threads(threads_) schedule(static) if (M > 8)
+    for (int m = 0; m < M; ++m)
+      cpu::rmsnorm_row(x + static_cast<size_t>(m) * n, w, n, eps, y + static_cast<size_t>(m) * n);
+  }
+
+  void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
+    q.act.M = M;
+    q.act.Kp = round_up(K, kQ8Block);
+    quantize_act_q8(x, M, K, q.act);
+    q.valid = true;
+  }
+
+  void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y,
+              int ldy) override {
+    const bool integer = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+    if (integer && !xq.valid) throw std::logic_error("matmul: integer weights need quantised input");
+    const ActQ8* a = integer ? &xq.act : nullptr;
+    // Row chunks: a multiple of 16 rows per thread keeps kernels on their unrolled path.
+    const int T = std::min(threads_, std::max(1, w.N / 16));
+    const int chunk = round_up((w.N + T - 1) / T, 16);
+#pragma omp parallel num_threads(T)
+    {
+      const int t = omp_get_thread_num();
+      const int n0 = std::min(w.N, t * chunk), n1 = std::min(w.N, n0 + chunk);
+      if (n0 < n1) gemm(w, x, a, M, y, ldy, n0, n1);
+    }
+  }
+
+  void add_bias(float* x, const float* b, int M, int n, int ld) override {
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < n; ++j) x[static_cast<size_t>(m) * ld + j] += b[j];
+  }
+
+  void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos,
+            const float* inv_freq) override {
+    const int half = D / 2;
+#pragma omp parallel num_threads(threads_) if (M > 8)
+    {
+      std::vector<float> cs(half), sn(half);
+#pragma omp for schedule(static)
+      for (int m = 0; m < M; ++m) {
+        for (int i = 0; i < half; ++i) {
+          const float a = static_cast<float>(pos[m]) * inv_freq[i];  // as HF: f32 pos·inv_freq
+          cs[i] = std::cos(a);
+          sn[i] = std::sin(a);
+        }
+        cpu::rope_row(x + static_cast<size_t>(m) * ld, n_heads, D, cs.data(), sn.data());
+      }
+    }
+  }
+
+  void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
+                const int32_t* slots, int M) override {
+    const int row = pool.n_kv() * pool.head_dim();
+    for (int m = 0; m < M; ++m) {
+      const size_t dst = static_cast<size_t>(slots[m]) * row;
+      const float* km = k + static_cast<size_t>(m) * ld;
+      const float* vm = v + static_cast<size_t>(m) * ld;
+      if (pool.dtype() == KvDType::F32) {
+        std::memcpy(static_cast<float*>(pool.k(layer)) + dst, km, sizeof(float) * row);
+        std::memcpy(static_cast<float*>(pool.v(layer)) + dst, vm, sizeof(float) * row);
+      } else {
+        cpu::f32_to_f16_row(km, static_cast<uint16_t*>(pool.k(layer)) + dst, row);
+        cpu::f32_to_f16_row(vm, static_cast<uint16_t*>(pool.v(layer)) + dst, row);
+      }
+    }
+  }
+
+  void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, int p0,
+                 const int32_t* pages, int nh, int nkv, int D, float* out) override {
+    const int G = nh / nkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const int tasks = M * nkv;
+    const int T = std::min(threads_, tasks);
+#pragma omp parallel num_threads(T)
+    {
+      std::vector<float> work(static_cast<size_t>(G) * (p0 + M) + 2 * pool.block() * D);
+      // Later queries see more context: interleave them across threads.
+#pragma omp for schedule(dynamic, 1)
+      for (int task = 0; task < tasks; ++task) {
+        const int m = task / nkv, g = task % nkv;
+        const float* qm = q + static_cast<size_t>(m) * ldq + static_cast<size_t>(g) * G * D;
+        float* om = out + static_cast<size_t>(m) * nh * D + static_cast<size_t>(g) * G * D;
+        cpu::attention_query(pool, layer, g, qm, G, p0 + m + 1, pages, scale, om, work.data());
+      }
+    }
+  }
+
+  void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
+    const size_t total = static_cast<size_t>(M) * n;
+    const int T = total > 32768 ? threads_ : 1;
+#pragma omp parallel num_threads(T)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const size_t c = (total + nt - 1) / nt, i0 = std::min(total, t * c), i1 = std::min(total, i0 + c);
+      if (i0 < i1) cpu::silu_mul_row(a + i0, b + i0, static_cast<int>(i1 - i0), y + i0);
+    }
+  }
+
+  void add(float* x, const float* y, size_t n) override {
+#pragma omp simd
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+
+ private:
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace kvdeck

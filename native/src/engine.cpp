@@ -1,0 +1,279 @@
+// Engine: weights, sequences and the forward pass, written once against Backend.
+#include "kvdeck/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace kvdeck {
+
+// ============================================================================
+// Scratch: per-chunk activations in backend memory, sized once for max_chunk rows.
+// ============================================================================
+struct Engine::Scratch {
+  Backend& be;
+  int rows;
+  std::vector<void*> bufs;
+  float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *logits;  // see sizes below
+  int32_t *ids, *pos, *slots, *pages;
+  QuantScratch xq;
+  int logit_rows, max_pages;
+
+  Scratch(Backend& b, const ModelConfig& c, int M, int max_pages_)
+      : be(b), rows(M), max_pages(max_pages_) {
+    const size_t H = c.hidden, F = c.intermediate, QD = size_t(c.n_heads) * c.head_dim,
+                 KD = size_t(c.n_kv_heads) * c.head_dim;
+    logit_rows = std::min(M, 64);
+    x = f(M * H);        // [M, H] residual stream
+    h = f(M * H);        // [M, H] normed input of a block
+    q = f(M * QD);       // [M, nh*D]
+    k = f(M * KD);       // [M, nkv*D]
+    v = f(M * KD);       // [M, nkv*D]
+    attn = f(M * QD);    // [M, nh*D]
+    o = f(M * H);        // [M, H]
+    gate = f(M * F);     // [M, F]
+    up = f(M * F);       // [M, F]
+    act = f(M * F);      // [M, F]
+    logits = f(size_t(logit_rows) * c.vocab);  // [logit_rows, V]
+    ids = i(M);
+    pos = i(M);
+    slots = i(M);
+    pages = i(max_pages);
+    const int Kmax = round_up(std::max(c.hidden, std::max(c.intermediate, int(QD))), kQ8Block);
+    xq.act.q = static_cast<int8_t*>(alloc(size_t(M) * Kmax));
+    xq.act.d = static_cast<float*>(alloc(sizeof(float) * M * (Kmax / kQ8Block)));
+    xq.act.s = static_cast<int32_t*>(alloc(sizeof(int32_t) * M * (Kmax / kQ8Block)));
+  }
+  ~Scratch() {
+    for (void* p : bufs) be.free(p);
+  }
+  void* alloc(size_t bytes) {
+    bufs.push_back(be.alloc(bytes));
+    return bufs.back();
+  }
+  float* f(size_t n) { return static_cast<float*>(alloc(n * sizeof(float))); }
+  int32_t* i(size_t n) { return static_cast<int32_t*>(alloc(n * sizeof(int32_t))); }
+};
+
+// ============================================================================
+// Construction and weights
+// ============================================================================
+Engine::Engine(ModelConfig config, EngineOptions options)
+    : config_(std::move(config)), options_(options) {
+  const ModelConfig& c = config_;
+  if (c.hidden <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||
+      c.vocab <= 0 || c.intermediate <= 0)
+    throw std::invalid_argument("model config: every size must be positive");
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw std::invalid_argument("model config: num_attention_heads must be a multiple of num_key_value_heads");
+  if (c.head_dim % 2 != 0 || int(c.rope_inv_freq.size()) != c.head_dim / 2)
+    throw std::invalid_argument("model config: rope_inv_freq must have head_dim/2 entries");
+  if (options_.backend != "cpu")
+    throw std::invalid_argument("backend '" + options_.backend + "' is not available in this build (cpu)");
+  backend_ = make_cpu_backend(options_.threads);
+  const int B = options_.kv_block;
+  int n_pages = options_.kv_pages;
+  if (n_pages <= 0) n_pages = (options_.max_context + B - 1) / B;
+  pool_ = std::make_unique<KvPool>(*backend_, c.n_layers, c.n_kv_heads, c.head_dim, B, n_pages,
+                                   options_.kv_dtype);
+  scratch_ = std::make_unique<Scratch>(*backend_, c, options_.max_chunk, n_pages);
+}
+
+Engine::~Engine() {
+  seqs_.clear();
+  scratch_.reset();
+  pool_.reset();
+  for (void* p : owned_) backend_->free(p);
+}
+
+const void* Engine::upload(const void* host, size_t bytes) {
+  void* p = backend_->alloc(bytes);
+  backend_->upload(p, host, bytes);
+  owned_.push_back(p);
+  weight_bytes_ += bytes;
+  return p;
+}
+
+static void check_linear(const WeightView& w, int N, int K, const std::string& name) {
+  if (!w.data) throw std::invalid_argument("weights: " + name + " is missing");
+  if (w.N != N || w.K != K)
+    throw std::invalid_argument("weights: " + name + " has shape [" + std::to_string(w.N) + ", " +
+                                std::to_string(w.K) + "], expected [" + std::to_string(N) + ", " +
+                                std::to_string(K) + "]");
+  const bool q = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+  if (q && (!w.scales || w.Kp != round_up(K, kQuantPad)))
+    throw std::invalid_argument("weights: " + name + " has bad quantisation layout");
+  if (w.dtype == DType::W4A8 && (w.group <= 0 || w.Kp % w.group != 0 || w.group % kQ8Block != 0))
+    throw std::invalid_argument("weights: " + name + " has W4A8 group " + std::to_string(w.group) +
+                                " (must be a multiple of 32 dividing " + std::to_string(w.Kp) + ")");
+}
+
+void Engine::set_weights(ModelWeights w) {
+  const ModelConfig& c = config_;
+  const int H = c.hidden, F = c.intermediate, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
+  if (int(w.layers.size()) != c.n_layers)
+    throw std::invalid_argument("weights: " + std::to_string(w.layers.size()) + " layers, config says " +
+                                std::to_string(c.n_layers));
+  if (w.embed.dtype != DType::F32 && w.embed.dtype != DType::F16)
+    throw std::invalid_argument("weights: embedding must be f32 or f16");
+  check_linear(w.embed, c.vocab, H, "model.embed_tokens");
+  check_linear(w.lm_head, c.vocab, H, "lm_head");
+  if (!w.final_norm) throw std::invalid_argument("weights: model.norm is missing");
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    check_linear(L.wq, QD, H, p + "self_attn.q_proj");
+    check_linear(L.wk, KD, H, p + "self_attn.k_proj");
+    check_linear(L.wv, KD, H, p + "self_attn.v_proj");
+    check_linear(L.wo, H, QD, p + "self_attn.o_proj");
+    check_linear(L.w_gate, F, H, p + "mlp.gate_proj");
+    check_linear(L.w_up, F, H, p + "mlp.up_proj");
+    check_linear(L.w_down, H, F, p + "mlp.down_proj");
+    if (!L.attn_norm || !L.mlp_norm) throw std::invalid_argument("weights: " + p + " norms missing");
+    if (c.attn_bias && (!L.bq || !L.bk || !L.bv)) throw std::invalid_argument("weights: " + p + " biases missing");
+    if (c.qk_norm && (!L.q_norm || !L.k_norm)) throw std::invalid_argument("weights: " + p + " q/k norms missing");
+  }
+  weights_ = std::move(w);
+  weights_set_ = true;
+}
+
+// ============================================================================
+// Sequences
+// ============================================================================
+int Engine::open_sequence() {
+  const int id = next_seq_++;
+  seqs_.emplace(id, Sequence{});
+  return id;
+}
+
+void Engine::close_sequence(int seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
+  for (int p : it->second.pages) pool_->unref(p);
+  seqs_.erase(it);
+}
+
+const Sequence& Engine::sequence(int seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
+// Grow the page table to hold n_tokens; all-or-nothing.
+void Engine::reserve_pages(Sequence& s, int n_tokens) {
+  const int B = pool_->block();
+  const int need = (n_tokens + B - 1) / B - int(s.pages.size());
+  if (need <= 0) return;
+  if (need > pool_->free_pages())
+    throw KvPoolFull("kv pool full: " + std::to_string(n_tokens) + " tokens need " + std::to_string(need) +
+                     " more pages of " + std::to_string(B) + ", " + std::to_string(pool_->free_pages()) +
+                     " free of " + std::to_string(pool_->n_pages()));
+  for (int i = 0; i < need; ++i) s.pages.push_back(pool_->alloc_page());
+}
+
+// ============================================================================
+// Forward pass
+// ============================================================================
+void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
+  if (!weights_set_) throw std::logic_error("engine: weights not set");
+  if (n <= 0) throw std::invalid_argument("forward: no tokens");
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
+  for (int i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= config_.vocab)
+      throw std::invalid_argument("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                  " is outside the vocabulary [0, " + std::to_string(config_.vocab) + ")");
+  Sequence& s = it->second;
+  const int p0 = int(s.tokens.size());
+  reserve_pages(s, p0 + n);
+  const int V = config_.vocab;
+  for (int done = 0; done < n;) {
+    const int M = std::min(options_.max_chunk, n - done);
+    const bool last = done + M == n;
+    float* out = all_logits ? logits + size_t(done) * V : (last ? logits : nullptr);
+    forward_chunk(s, ids + done, M, p0 + done, out, all_logits);
+    s.tokens.insert(s.tokens.end(), ids + done, ids + done + M);
+    done += M;
+  }
+}
+
+// One chunk of M tokens at positions p0.. of sequence s (its pages already reserved).
+// logits: host f32 [V] (last row) or [M, V] (all rows), or null for none.
+void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits,
+                           bool all_logits) {
+  Backend& be = *backend_;
+  Scratch& S = *scratch_;
+  const ModelConfig& c = config_;
+  const int H = c.hidden, F = c.intermediate, D = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads;
+  const int QD = nh * D, KD = nkv * D, B = pool_->block();
+
+  // ---- per-chunk index arrays: positions, KV slots, page table ----
+  std::vector<int32_t> pos(M), slots(M);
+  for (int m = 0; m < M; ++m) {
+    pos[m] = p0 + m;
+    slots[m] = s.pages[pos[m] / B] * B + pos[m] % B;
+  }
+  const int n_pages = (p0 + M + B - 1) / B;
+  be.upload(S.ids, ids, sizeof(int32_t) * M);
+  be.upload(S.pos, pos.data(), sizeof(int32_t) * M);
+  be.upload(S.slots, slots.data(), sizeof(int32_t) * M);
+  be.upload(S.pages, s.pages.data(), sizeof(int32_t) * n_pages);
+
+  be.embed(weights_.embed, S.ids, M, S.x);  // x: [M, H]
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    // ---- attention block ----
+    be.rmsnorm(S.x, L.attn_norm, M, H, c.rms_eps, S.h);
+    S.xq.valid = false;
+    if (L.wq.dtype == DType::NVFP4 || L.wq.dtype == DType::W4A8) be.quantize_input(S.h, M, H, S.xq);
+    be.matmul(L.wq, S.h, S.xq, M, S.q, QD);  // q: [M, nh*D]
+    be.matmul(L.wk, S.h, S.xq, M, S.k, KD);  // k: [M, nkv*D]
+    be.matmul(L.wv, S.h, S.xq, M, S.v, KD);  // v: [M, nkv*D]
+    if (c.attn_bias) {
+      be.add_bias(S.q, L.bq, M, QD, QD);
+      be.add_bias(S.k, L.bk, M, KD, KD);
+      be.add_bias(S.v, L.bv, M, KD, KD);
+    }
+    if (c.qk_norm) {  // RMSNorm over each head's D values
+      be.rmsnorm(S.q, L.q_norm, M * nh, D, c.rms_eps, S.q);
+      be.rmsnorm(S.k, L.k_norm, M * nkv, D, c.rms_eps, S.k);
+    }
+    be.rope(S.q, M, nh, D, QD, S.pos, c.rope_inv_freq.data());
+    be.rope(S.k, M, nkv, D, KD, S.pos, c.rope_inv_freq.data());
+    be.kv_write(*pool_, l, S.k, S.v, KD, S.slots, M);
+    be.attention(*pool_, l, S.q, QD, M, p0, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
+    S.xq.valid = false;
+    if (L.wo.dtype == DType::NVFP4 || L.wo.dtype == DType::W4A8) be.quantize_input(S.attn, M, QD, S.xq);
+    be.matmul(L.wo, S.attn, S.xq, M, S.o, H);
+    be.add(S.x, S.o, size_t(M) * H);
+    // ---- MLP block ----
+    be.rmsnorm(S.x, L.mlp_norm, M, H, c.rms_eps, S.h);
+    S.xq.valid = false;
+    if (L.w_gate.dtype == DType::NVFP4 || L.w_gate.dtype == DType::W4A8) be.quantize_input(S.h, M, H, S.xq);
+    be.matmul(L.w_gate, S.h, S.xq, M, S.gate, F);  // [M, F]
+    be.matmul(L.w_up, S.h, S.xq, M, S.up, F);      // [M, F]
+    be.silu_mul(S.gate, S.up, M, F, S.act);
+    S.xq.valid = false;
+    if (L.w_down.dtype == DType::NVFP4 || L.w_down.dtype == DType::W4A8) be.quantize_input(S.act, M, F, S.xq);
+    be.matmul(L.w_down, S.act, S.xq, M, S.o, H);
+    be.add(S.x, S.o, size_t(M) * H);
+  }
+  if (!logits) return;
+
+  // ---- head: final norm + lm_head, over the last row or all rows in sub-chunks ----
+  const int V = c.vocab;
+  const WeightView& head = weights_.lm_head;
+  const bool integer = head.dtype == DType::NVFP4 || head.dtype == DType::W4A8;
+  const int first = all_logits ? 0 : M - 1;
+  for (int r0 = first; r0 < M; r0 += S.logit_rows) {
+    const int R = std::min(S.logit_rows, M - r0);
+    be.rmsnorm(S.x + size_t(r0) * H, weights_.final_norm, R, H, c.rms_eps, S.h);
+    S.xq.valid = false;
+    if (integer) be.quantize_input(S.h, R, H, S.xq);
+    be.matmul(head, S.h, S.xq, R, S.logits, V);
+    be.sync();
+    be.download(logits + size_t(r0 - first) * V, S.logits, sizeof(float) * R * V);
+  }
+}
+
+}  // namespace kvdeck

@@ -1,0 +1,52 @@
+#include "kvdeck/kv_pool.h"
+
+#include "kvdeck/backend.h"
+
+namespace kvdeck {
+
+const char* kv_dtype_name(KvDType t) { return t == KvDType::F32 ? "f32" : "f16"; }
+size_t kv_dtype_bytes(KvDType t) { return t == KvDType::F32 ? 4 : 2; }
+
+KvPool::KvPool(Backend& backend, int n_layers, int n_kv, int head_dim, int block, int n_pages,
+               KvDType dtype)
+    : backend_(backend), n_layers_(n_layers), n_kv_(n_kv), head_dim_(head_dim), block_(block),
+      n_pages_(n_pages), dtype_(dtype) {
+  if (n_pages <= 0 || block <= 0) throw std::invalid_argument("kv pool: n_pages and block must be > 0");
+  const size_t layer_bytes = static_cast<size_t>(n_pages) * block * n_kv * head_dim * kv_dtype_bytes(dtype);
+  for (int l = 0; l < n_layers; ++l) {
+    k_.push_back(backend_.alloc(layer_bytes));
+    v_.push_back(backend_.alloc(layer_bytes));
+  }
+  refs_.assign(n_pages, 0);
+  free_.reserve(n_pages);
+  for (int p = n_pages - 1; p >= 0; --p) free_.push_back(p);  // page 0 handed out first
+}
+
+KvPool::~KvPool() {
+  for (void* p : k_) backend_.free(p);
+  for (void* p : v_) backend_.free(p);
+}
+
+size_t KvPool::bytes_per_token() const {
+  return 2ull * n_layers_ * n_kv_ * head_dim_ * kv_dtype_bytes(dtype_);
+}
+size_t KvPool::page_bytes() const { return bytes_per_token() * block_; }
+
+int KvPool::alloc_page() {
+  if (free_.empty())
+    throw KvPoolFull("kv pool full: all " + std::to_string(n_pages_) + " pages of " +
+                     std::to_string(block_) + " tokens are in use");
+  const int p = free_.back();
+  free_.pop_back();
+  refs_[p] = 1;
+  return p;
+}
+
+void KvPool::ref(int page) { ++refs_[page]; }
+
+void KvPool::unref(int page) {
+  if (refs_[page] <= 0) throw std::logic_error("kv pool: unref of free page " + std::to_string(page));
+  if (--refs_[page] == 0) free_.push_back(page);
+}
+
+}  // namespace kvdeck
