@@ -1,0 +1,234 @@
+"""The kvdeck model folder (format_version 1, docs/ENGINE.md): write it, read it back, check it.
+
+Input of the writer is a :class:`ModelSource` (what a GGUF or HF reader produces): config fields,
+a lazy stream of float32 tensors under Hugging Face names in HF layout, and a tokenizer.
+:func:`write_format` writes ``<out_root>/<model>/<format>/`` = config.json + model.safetensors +
+tokenizer.json into a temporary sibling folder and renames it into place, so a crash never
+leaves a half folder under the final name. :func:`folder_is_current` is the idempotency check.
+
+Per-tensor rules (ENGINE.md):
+  * ``model.embed_tokens.weight`` [V, H]: f16, f32 in the f32 folder.
+  * norms (``*layernorm.weight``, ``model.norm.weight``, ``*.q_norm.weight``, ``*.k_norm.weight``)
+    and biases: f32.
+  * linear weights ``*_proj.weight`` and ``lm_head.weight`` [N, K]: f16/f32 as ``X.weight``;
+    nvfp4/w4a8 via ``models.quant.quantize_linear`` as ``X.weight.codes`` etc.
+  * tied embeddings: no ``lm_head`` in f16/f32 folders; in nvfp4/w4a8 folders ``lm_head.weight.*``
+    is quantised from the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .errors import ModelError
+from .manifest import FORMATS
+
+__all__ = ["FORMAT_VERSION", "CONVERTER_VERSION", "ModelSource", "write_format", "write_model",
+           "read_folder_config", "folder_is_current", "CONFIG_KEYS"]
+
+FORMAT_VERSION = 1
+# Bump when the converter's output changes for the same source: forces `fetch` to rebuild.
+CONVERTER_VERSION = 1
+
+# config.json keys (besides format_version/model/weights/source) a ModelSource must provide.
+CONFIG_KEYS = ("architecture", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+               "rope_theta", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
+               "attention_bias", "qk_norm", "bos_token_id", "eos_token_id", "stop_token_ids",
+               "chat_format", "chat_template")
+# Optional keys, written only when the source has them (e.g. Llama 3.x RoPE scaling).
+OPTIONAL_CONFIG_KEYS = ("rope_scaling",)
+
+
+@dataclass
+class ModelSource:
+    """A model ready to be written.
+
+    meta: every key of CONFIG_KEYS (+ optional ones), values JSON-serialisable.
+    tensors: callable returning a fresh iterator of (HF name, float32 array in HF layout); it
+      yields ``lm_head.weight`` only when the embeddings are untied. Called once per format, so
+      peak memory is one format's output plus one source tensor.
+    tokenizer_json: the serialised ``tokenizers`` file.
+    source: the config's "source" record (kind, file, sha256, ...).
+    """
+
+    name: str
+    meta: dict[str, Any]
+    tensors: Callable[[], Iterator[tuple[str, np.ndarray]]]
+    tokenizer_json: str
+    source: dict[str, Any] = field(default_factory=dict)
+    f32_bytes: int | None = None  # size of all tensors as f32, if known (enables caching)
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight")) or name == "model.norm.weight"
+
+
+def _is_linear(name: str) -> bool:
+    return name.endswith("_proj.weight") or name == "lm_head.weight"
+
+
+def _quantize(name: str, w: np.ndarray, fmt: str, recipe: dict[str, int]) -> dict[str, np.ndarray]:
+    """Linear weight w: f32 [N, K] -> {name-prefixed tensors} in format fmt."""
+    if fmt == "f32":
+        return {name: np.ascontiguousarray(w, dtype=np.float32)}
+    if fmt == "f16":
+        return {name: np.ascontiguousarray(w.astype(np.float16))}
+    from .quant import quantize_linear  # numpy codecs; imported lazily (only nvfp4/w4a8 need it)
+
+    prefix = name[: -len("weight")]  # "model.layers.0.self_attn.q_proj."
+    out = quantize_linear(np.ascontiguousarray(w, dtype=np.float32), fmt, group=recipe["w4a8_group"])
+    return {prefix + k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, np.ndarray]:
+    """Apply the per-tensor rules of the module docstring; returns the safetensors dict."""
+    if fmt not in FORMATS:
+        raise ModelError(f"unknown weight format {fmt!r}; known formats: {', '.join(FORMATS)}")
+    tied = bool(src.meta["tie_word_embeddings"])
+    out: dict[str, np.ndarray] = {}
+    for name, w in src.tensors():
+        w = np.asarray(w)
+        if name == "model.embed_tokens.weight":  # [V, H]
+            out[name] = np.ascontiguousarray(w.astype(np.float32 if fmt == "f32" else np.float16))
+            if tied and fmt in ("nvfp4", "w4a8"):
+                out.update(_quantize("lm_head.weight", w.astype(np.float32), fmt, recipe))
+        elif _is_norm(name) or name.endswith(".bias"):  # [H] / [head_dim] / [N]
+            out[name] = np.ascontiguousarray(w, dtype=np.float32)
+        elif _is_linear(name):  # [N, K]
+            if w.ndim != 2:
+                raise ModelError(f"{src.source.get('file', src.name)}: tensor {name} has shape {w.shape}, expected 2-D")
+            if tied and name == "lm_head.weight":
+                continue  # tied: the embedding is the source of truth
+            out.update(_quantize(name, w, fmt, recipe))
+        else:
+            raise ModelError(f"{src.source.get('file', src.name)}: unexpected tensor {name!r} {tuple(w.shape)}")
+    return out
+
+
+def build_config(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, Any]:
+    """config.json contents, keys in the order of docs/ENGINE.md."""
+    missing = [k for k in CONFIG_KEYS if k not in src.meta]
+    if missing:
+        raise ModelError(f"{src.name}: converter produced no value for config keys {missing}")
+    cfg: dict[str, Any] = {"format_version": FORMAT_VERSION, "model": src.name}
+    cfg.update({k: src.meta[k] for k in CONFIG_KEYS})
+    for k in OPTIONAL_CONFIG_KEYS:
+        if src.meta.get(k) is not None:
+            cfg[k] = src.meta[k]
+    cfg["weights"] = {"format": fmt, "recipe": dict(recipe)}
+    cfg["source"] = dict(src.source, converter_version=CONVERTER_VERSION)
+    return cfg
+
+
+def write_format(src: ModelSource, fmt: str, out_root: str | Path, recipe: dict[str, int]) -> Path:
+    """Write ``<out_root>/<src.name>/<fmt>/`` atomically (temp folder + rename); returns it."""
+    from safetensors.numpy import save_file
+
+    final = Path(out_root) / src.name / fmt
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{fmt}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        tensors = convert_tensors(src, fmt, recipe)
+        save_file(tensors, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt", "kvdeck_format": fmt, "kvdeck_format_version": str(FORMAT_VERSION)})
+        del tensors
+        (tmp / "tokenizer.json").write_text(src.tokenizer_json, encoding="utf-8")
+        cfg = build_config(src, fmt, recipe)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        old = None
+        if final.exists():
+            old = final.parent / f".{fmt}.old-{os.getpid()}"
+            if old.exists():
+                shutil.rmtree(old)
+            final.rename(old)
+        tmp.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def write_model(src: ModelSource, formats: tuple[str, ...], out_root: str | Path,
+                recipe: dict[str, int], log: Callable[[str], None] = lambda s: None) -> list[Path]:
+    """Write every requested format folder; returns their paths.
+
+    When the source is small (``f32_bytes`` < 2 GiB) and more than one format is asked for, the
+    f32 tensors are materialised once and shared by all formats (dequantising a GGUF is not
+    free); otherwise each format streams the source again.
+    """
+    paths = []
+    if len(formats) > 1 and src.f32_bytes is not None and src.f32_bytes < 2 * 2**30:
+        cached = list(src.tensors())  # [(name, f32 array)]
+        src = ModelSource(src.name, src.meta, lambda: iter(cached), src.tokenizer_json, src.source, src.f32_bytes)
+    for fmt in formats:
+        p = write_format(src, fmt, out_root, recipe)
+        log(f"wrote {p} ({folder_size(p) / 2**20:.1f} MiB)")
+        paths.append(p)
+    return paths
+
+
+def folder_size(folder: str | Path) -> int:
+    """Total bytes of the regular files in a folder (not recursive)."""
+    return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file())
+
+
+def read_folder_config(folder: str | Path) -> dict[str, Any]:
+    """Read and validate ``<folder>/config.json`` of a kvdeck model folder.
+
+    Raises ModelError naming config.json when it is missing, not JSON, or of an unknown
+    format_version, and naming model.safetensors / tokenizer.json when they are missing.
+    """
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelError(f"{cfg_path}: missing model config (no such file)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelError(f"{cfg_path}: not valid JSON: {e}") from None
+    ver = cfg.get("format_version") if isinstance(cfg, dict) else None
+    if ver != FORMAT_VERSION:
+        raise ModelError(f"{cfg_path}: unknown format_version {ver!r}; this kvdeck reads format_version {FORMAT_VERSION}")
+    for f in ("model.safetensors", "tokenizer.json"):
+        if not (folder / f).is_file():
+            raise ModelError(f"{folder / f}: missing (the model folder is incomplete)")
+    st = folder / "model.safetensors"
+    size = st.stat().st_size
+    try:
+        with open(st, "rb") as fh:
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(hlen))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except Exception as e:  # noqa: BLE001 - any parse failure is a damaged file
+        raise ModelError(f"{st}: corrupted safetensors header ({e.__class__.__name__}: {e})") from None
+    if size < 8 + hlen + end:
+        raise ModelError(f"{st}: truncated: expected at least {8 + hlen + end} bytes, found {size}")
+    return cfg
+
+
+def folder_is_current(folder: str | Path, fmt: str, recipe: dict[str, int], source_match: dict[str, Any]) -> bool:
+    """True when ``folder`` is a complete folder of format ``fmt`` built by this converter version
+    with ``recipe`` from the source whose config "source" record contains ``source_match``."""
+    try:
+        cfg = read_folder_config(folder)
+    except ModelError:
+        return False
+    src = cfg.get("source", {})
+    return (cfg.get("weights", {}).get("format") == fmt
+            and cfg.get("weights", {}).get("recipe") == dict(recipe)
+            and src.get("converter_version") == CONVERTER_VERSION
+            and all(src.get(k) == v for k, v in source_match.items()))
