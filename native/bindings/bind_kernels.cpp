@@ -1,3 +1,153 @@
+// bind_kernels.cpp — Python submodule `_native.kernels`: the CPU kernels of kernels.h.
+// Binding code only: argument checking, buffer allocation, GIL release around kernel calls.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kvdeck/kernels.h"
+
 namespace py = pybind11;
-void bind_kernels(py::module_& m) {}
+using namespace kvdeck;
+
+namespace {
+
+template <typename T>
+using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::F32;
+  if (s == "f16") return DType::F16;
+  if (s == "nvfp4") return DType::NVFP4;
+  if (s == "w4a8") return DType::W4A8;
+  throw std::invalid_argument("dtype must be one of f32, f16, nvfp4, w4a8; got " + s);
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw std::invalid_argument(msg);
+}
+
+// (q int8 [M,Kp], d f32 [M,Kp/32], s int32 [M,Kp/32]) from x f32 [M,K].
+py::tuple py_quantize(const Arr<float>& x) {
+  require(x.ndim() == 2, "x must be 2-D [M, K]");
+  const int M = int(x.shape(0)), K = int(x.shape(1)), Kp = round_up(K, kQ8Block);
+  py::array_t<int8_t> q({M, Kp});
+  py::array_t<float> d({M, Kp / kQ8Block});
+  py::array_t<int32_t> s({M, Kp / kQ8Block});
+  ActQ8 a{M, Kp, q.mutable_data(), d.mutable_data(), s.mutable_data()};
+  const float* xp = x.data();
+  {
+    py::gil_scoped_release nogil;
+    quantize_act_q8(xp, M, K, a);
+  }
+  return py::make_tuple(q, d, s);
+}
+
+// y f32 [M, ldy] (columns outside [n0, n1) are 0). Weight arrays by dtype:
+//   f32: data f32 [N,K] | f16: data u16/f16 [N,K] | nvfp4: data codes u8 [N,Kp/2],
+//   scales u8 [N,Kp/16], tscale | w4a8: data codes u8 [N,Kp/2], scales f16 [N,Kp/group].
+// x f32 [M, K] (K = the logical K); quantised formats quantise x with quantize_act_q8.
+// repeat > 1 calls the kernel that many times without the GIL (benchmarks).
+py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<float>& x,
+                           std::optional<py::array> scales, float tscale, int n0,
+                           std::optional<int> n1_opt, std::optional<int> ldy_opt, int repeat) {
+  WeightView w;
+  w.dtype = parse_dtype(dtype);
+  require(x.ndim() == 2, "x must be 2-D [M, K]");
+  require(data.ndim() == 2, "weight data must be 2-D");
+  const int M = int(x.shape(0)), K = int(x.shape(1));
+  const int N = int(data.shape(0));
+  w.N = N;
+  w.K = K;
+  Arr<uint8_t> codes, sc_u8;
+  Arr<uint16_t> sc_u16, w16;
+  Arr<float> w32;
+  switch (w.dtype) {
+    case DType::F32:
+      w32 = Arr<float>::ensure(data);
+      require(int(w32.shape(1)) == K, "f32 weight must be [N, K]");
+      w.Kp = K, w.data = w32.data();
+      break;
+    case DType::F16:
+      require(data.itemsize() == 2, "f16 weight must be float16 or uint16 [N, K]");
+      w16 = py::array_t<uint16_t, py::array::c_style>::ensure(
+          py::array(py::dtype("uint16"), data.request().shape, data.request().strides, data.data(), data));
+      require(int(w16.shape(1)) == K, "f16 weight must be [N, K]");
+      w.Kp = K, w.data = w16.data();
+      break;
+    case DType::NVFP4:
+    case DType::W4A8: {
+      codes = Arr<uint8_t>::ensure(data);
+      w.Kp = int(codes.shape(1)) * 2;
+      require(w.Kp == round_up(K, kQuantPad), "codes must be [N, round_up(K,32)/2]");
+      require(scales.has_value(), "scales are required for quantised formats");
+      w.data = codes.data();
+      if (w.dtype == DType::NVFP4) {
+        sc_u8 = Arr<uint8_t>::ensure(*scales);
+        require(sc_u8.ndim() == 2 && sc_u8.shape(0) == N && sc_u8.shape(1) == w.Kp / kNvfp4Block,
+                "nvfp4 scales must be u8 [N, Kp/16]");
+        w.scales = sc_u8.data();
+        w.group = kNvfp4Block;
+        w.tscale = tscale;
+      } else {
+        require(scales->itemsize() == 2 && scales->ndim() == 2 && scales->shape(0) == N,
+                "w4a8 scales must be f16 [N, Kp/group]");
+        sc_u16 = py::array_t<uint16_t, py::array::c_style>::ensure(py::array(
+            py::dtype("uint16"), scales->request().shape, scales->request().strides, scales->data(), *scales));
+        const int ng = int(sc_u16.shape(1));
+        require(ng > 0 && w.Kp % ng == 0 && (w.Kp / ng) % 2 == 0, "w4a8 group must be even and divide Kp");
+        w.group = w.Kp / ng;
+        w.scales = sc_u16.data();
+      }
+      break;
+    }
+  }
+  const int n1 = n1_opt.value_or(N), ldy = ldy_opt.value_or(N);
+  require(0 <= n0 && n0 <= n1 && n1 <= N, "need 0 <= n0 <= n1 <= N");
+  require(ldy >= n1, "ldy must be >= n1");
+  py::array_t<float> y({M, ldy});
+  std::memset(y.mutable_data(), 0, sizeof(float) * size_t(M) * ldy);
+  float* yp = y.mutable_data();
+  const float* xp = x.data();
+  const bool quantised = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+  {
+    py::gil_scoped_release nogil;
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+    ActQ8 a;
+    if (quantised) {
+      const int Kp = w.Kp;
+      q.resize(size_t(M) * Kp), d.resize(size_t(M) * Kp / kQ8Block), s.resize(d.size());
+      a = ActQ8{M, Kp, q.data(), d.data(), s.data()};
+      quantize_act_q8(xp, M, K, a);
+    }
+    for (int r = 0; r < std::max(1, repeat); ++r)
+      gemm(w, xp, quantised ? &a : nullptr, M, yp, ldy, n0, n1);
+  }
+  return y;
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  py::module_ k = m.def_submodule("kernels", "CPU compute kernels (kvdeck/kernels.h)");
+  k.def("quantize_act_q8", &py_quantize, py::arg("x"),
+        "x f32 [M,K] -> (q int8 [M,Kp], d f32 [M,Kp/32], s int32 [M,Kp/32])");
+  k.def("gemm", &py_gemm, py::arg("dtype"), py::arg("data"), py::arg("x"), py::kw_only(),
+        py::arg("scales") = py::none(), py::arg("tscale") = 1.0f, py::arg("n0") = 0,
+        py::arg("n1") = py::none(), py::arg("ldy") = py::none(), py::arg("repeat") = 1,
+        "y[m, n] = sum_k x[m,k] W[n,k] for n in [n0, n1): f32 [M, ldy], other columns 0.\n"
+        "dtype f32|f16|nvfp4|w4a8; quantised formats quantise x with quantize_act_q8.");
+  k.def("kernel_isa", []() { return std::string(kernel_isa()); });
+  k.def("set_kernel_isa", [](const std::string& name) { return set_kernel_isa(name.c_str()); },
+        py::arg("name"));
+  k.def("cpu_supports", [](const std::string& name) { return cpu_supports(name.c_str()); },
+        py::arg("name"));
+}

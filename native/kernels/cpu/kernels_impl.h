@@ -1,0 +1,42 @@
+// kernels_impl.h — private to native/kernels/cpu: per-ISA kernel tables and shared helpers.
+//
+// Each ISA file (gemm_scalar.cpp, gemm_avx2.cpp, gemm_avx512.cpp) exports one KernelSet;
+// dispatch.cpp picks one from cpuid and routes the public kernels.h calls to it.
+// Contracts are those of kernels.h; every entry point handles all four DTypes.
+#pragma once
+#include <cstdint>
+
+#include "kvdeck/kernels.h"
+
+namespace kvdeck::cpu {
+
+struct KernelSet {
+  const char* name;  // "scalar" | "avx2" | "avx512vnni"
+  void (*quantize_act_q8)(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
+  void (*gemm)(const WeightView& w, const float* x /*[M,K]*/, const ActQ8* xq, int M,
+               float* y /*[M,ldy]*/, int ldy, int n0, int n1);
+};
+
+const KernelSet& scalar_kernels();
+#if defined(__x86_64__)
+const KernelSet& avx2_kernels();    // needs avx2 + fma + f16c
+const KernelSet& avx512_kernels();  // needs avx512f + bw + vl + vnni (+ avx2/fma/f16c)
+// The AVX2 activation quantiser, shared by the AVX-512 set (not a hot path).
+void quantize_act_q8_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
+#endif
+
+// ---- shared scalar helpers (defined in gemm_scalar.cpp) ---------------------------
+// 256-entry E4M3 (float8_e4m3fn) decode table, built once (thread-safe static init).
+const float* e4m3_table();
+// IEEE binary16 -> binary32, exact (subnormals, inf, NaN).
+float half_to_float(uint16_t h);
+// 2 * E2M1(code) for the 16 codes: exact int8 {0,1,2,3,4,6,8,12} and negatives (bit 3 = sign).
+extern const int8_t kE2m1x2[16];
+
+// Offsets that make 4-bit weights unsigned for u8 x s8 dot products (VNNI / maddubs):
+//   W4A8 : nibble = q + 8, so sum(q*a) = sum(nibble*a) - 8*sum(a)
+//   NVFP4: u = 2*e2m1 + 12 in [0, 24], so sum(2*e2m1*a) = sum(u*a) - 12*sum(a)
+constexpr int kW4a8Offset = 8;
+constexpr int kNvfp4Offset = 12;
+
+}  // namespace kvdeck::cpu

@@ -1,0 +1,176 @@
+"""CPU kernels (kvdeck/kernels.h) against the numpy oracle of models/quant.
+
+Every ISA the CPU supports x every weight format x awkward shapes (N odd / < 8, K not a
+multiple of 16 or 32, M in {1, 3, 17, 70}, sub-ranges [n0, n1), ldy > N). The oracle
+dequantises weights (and, for quantised formats, the int8 activations) to float64 and
+multiplies in float64; kernels may sum in another order, so the error is bounded
+relative to the L1 norm of the products: |y - ref| <= 1e-5 * sum_k |x_k w_nk|.
+quantize_act_q8 must match models.quant.q8 bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine import _native
+from models.quant.e2m1 import decode_e2m1
+from models.quant.e4m3 import decode_e4m3
+from models.quant.nvfp4 import quantize_nvfp4, unpack_nibbles
+from models.quant.q8 import quantize_act_q8 as q8_ref
+from models.quant.w4a8 import quantize_w4a8
+
+K_ = _native.kernels
+ISAS = [isa for isa in ("scalar", "avx2", "avx512vnni") if K_.cpu_supports(isa)]
+REL_TOL = 1e-5
+
+# (N, K, M, n0, n1, ldy_extra)
+SHAPES = [
+    (1, 40, 1, 0, 1, 0),
+    (5, 72, 3, 0, 5, 3),
+    (7, 100, 17, 2, 6, 0),
+    (13, 64, 1, 0, 13, 1),
+    (9, 288, 3, 1, 9, 0),      # 9 blocks of 32: odd pair / partial quad
+    (33, 160, 17, 0, 33, 2),
+    (6, 96, 70, 0, 6, 0),      # M > the 64-row activation block
+    (17, 576, 1, 3, 17, 5),
+]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = K_.kernel_isa()
+    assert K_.set_kernel_isa(request.param)
+    assert K_.kernel_isa() == request.param
+    yield request.param
+    K_.set_kernel_isa(before)
+
+
+def _rand(rng, shape, scale=1.0):
+    x = rng.standard_normal(shape).astype(np.float32) * np.float32(scale)
+    # heavy tails: a few large values per row stress the block scales
+    x[rng.random(shape) < 0.02] *= 20
+    return x
+
+
+def _weights(fmt, w, group=32):
+    """-> (kwargs for kernels.gemm, float64 dequantised [N, K])."""
+    N, K = w.shape
+    if fmt == "f32":
+        return dict(data=w), w.astype(np.float64)
+    if fmt == "f16":
+        w16 = w.astype(np.float16)
+        return dict(data=w16), w16.astype(np.float64)
+    if fmt == "nvfp4":
+        t = quantize_nvfp4(w)
+        vals = decode_e2m1(unpack_nibbles(t.codes)).astype(np.float64)   # [N, Kp]
+        sc = np.repeat(decode_e4m3(t.scales).astype(np.float64), 16, axis=1)
+        wd = vals * sc * np.float64(t.tscale)
+        return dict(data=t.codes, scales=t.scales, tscale=float(t.tscale)), wd[:, :K]
+    if fmt == "w4a8":
+        t = quantize_w4a8(w, group=group)
+        q = unpack_nibbles(t.codes).astype(np.float64) - 8.0                # [N, Kp]
+        sc = np.repeat(t.scales.astype(np.float64), t.group, axis=1)
+        return dict(data=t.codes, scales=t.scales), (q * sc)[:, :K]
+    raise ValueError(fmt)
+
+
+def _check(fmt, w_kw, wd, x, n0, n1, ldy):
+    M, K = x.shape
+    N = wd.shape[0]
+    y = K_.gemm(fmt, w_kw.pop("data"), x, n0=n0, n1=n1, ldy=ldy, **w_kw)
+    assert y.shape == (M, ldy) and y.dtype == np.float32
+    if fmt in ("nvfp4", "w4a8"):
+        q, d, _ = q8_ref(x)
+        Kp = q.shape[1]
+        xd = (q.reshape(M, -1, 32).astype(np.float64) * d[:, :, None]).reshape(M, Kp)[:, :K]
+    else:
+        xd = x.astype(np.float64)
+    ref = xd @ wd.T                                   # [M, N]
+    l1 = np.abs(xd) @ np.abs(wd).T + 1e-30            # [M, N]
+    got = y[:, n0:n1].astype(np.float64)
+    err = np.abs(got - ref[:, n0:n1]) / l1[:, n0:n1]
+    assert err.max() <= REL_TOL, f"{fmt} max rel err {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
+    # columns outside [n0, n1) are never written
+    assert not y[:, :n0].any() and not y[:, n1:].any()
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "nvfp4", "w4a8"])
+def test_gemm_matches_oracle(isa, fmt):
+    rng = np.random.default_rng(hash(fmt) % 1000)
+    for N, K, M, n0, n1, extra in SHAPES:
+        w = _rand(rng, (N, K), 0.05)
+        x = _rand(rng, (M, K))
+        kw, wd = _weights(fmt, w)
+        _check(fmt, kw, wd, x, n0, n1, N + extra)
+
+
+@pytest.mark.parametrize("group", [None, 64, 16])  # row-wise, multi-block, sub-block (scalar fallback)
+def test_w4a8_groups(isa, group):
+    rng = np.random.default_rng(7)
+    for N, K, M in [(5, 128, 1), (7, 256, 3), (9, 192, 17)]:
+        if group and (-(-K // 32) * 32) % group:
+            continue
+        w = _rand(rng, (N, K), 0.05)
+        x = _rand(rng, (M, K))
+        kw, wd = _weights("w4a8", w, group=group)
+        _check("w4a8", kw, wd, x, 0, N, N)
+
+
+def test_quantised_formats_agree_across_isas():
+    """Integer block math: every ISA gives the same result up to float summation order."""
+    rng = np.random.default_rng(3)
+    w = _rand(rng, (37, 200), 0.05)
+    x = _rand(rng, (5, 200))
+    before = K_.kernel_isa()
+    try:
+        for fmt in ("nvfp4", "w4a8"):
+            kw, _ = _weights(fmt, w)
+            outs = []
+            for isa in ISAS:
+                K_.set_kernel_isa(isa)
+                outs.append(K_.gemm(fmt, kw["data"], x, **{k: v for k, v in kw.items() if k != "data"}))
+            for o in outs[1:]:
+                np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
+    finally:
+        K_.set_kernel_isa(before)
+
+
+def test_quantize_act_q8_bit_exact(isa):
+    rng = np.random.default_rng(11)
+    cases = [
+        np.zeros((2, 40), np.float32),
+        rng.standard_normal((3, 100)).astype(np.float32),
+        rng.standard_normal((1, 7)).astype(np.float32) * np.float32(1e-30),   # tiny
+        rng.standard_normal((2, 64)).astype(np.float32) * np.float32(1e30),   # huge
+        np.tile(np.float32([0.5, -0.5, 1.5, -2.5, 127.0, 0.0, -127.0, 63.5]), (3, 9)),  # ties
+    ]
+    mixed = rng.standard_normal((4, 96)).astype(np.float32)
+    mixed[0, :32] = 0.0                        # an all-zero block next to live ones
+    mixed[1, 32:64] *= np.float32(1e-20)       # a tiny block
+    mixed[2, :] = -mixed[2, :]
+    cases.append(mixed)
+    for x in cases:
+        q, d, s = K_.quantize_act_q8(x)
+        rq, rd, rs = q8_ref(x)
+        np.testing.assert_array_equal(q, rq)
+        np.testing.assert_array_equal(d.view(np.uint32), rd.view(np.uint32))
+        np.testing.assert_array_equal(s, rs)
+
+
+def test_isa_selection():
+    assert K_.cpu_supports("scalar")
+    assert not K_.cpu_supports("nonsense")
+    assert not K_.set_kernel_isa("nonsense")
+    assert K_.kernel_isa() in ISAS
+    # the default is the best the CPU supports
+    assert K_.kernel_isa() == ISAS[-1] or K_.kernel_isa() in ISAS
+
+
+def test_bad_arguments():
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(ValueError):
+        K_.gemm("w4a8", np.zeros((4, 32), np.uint8), x)           # no scales
+    with pytest.raises(ValueError):
+        K_.gemm("f32", np.zeros((4, 64), np.float32), x, n0=2, n1=5)
+    with pytest.raises(ValueError):
+        K_.gemm("bf16", np.zeros((4, 64), np.float32), x)
