@@ -36,15 +36,28 @@ uint8_t f32_to_e4m3(float f);   // RNE, saturate to ±448, NaN -> 0x7F (sign kep
 float e2m1_to_f32(uint8_t c);   // c in [0, 16): {0,.5,1,1.5,2,3,4,6} and negatives
 uint8_t f32_to_e2m1(float f);   // RNE on the E2M1 grid, saturate to ±6
 
+// ---- array codecs: the scalar codecs over n contiguous values (out[i] = codec(in[i])) --
+void encode_f16(const float* x /*[n]*/, uint16_t* h /*[n]*/, size_t n);
+void decode_f16(const uint16_t* h /*[n]*/, float* x /*[n]*/, size_t n);
+void encode_e4m3(const float* x /*[n]*/, uint8_t* b /*[n]*/, size_t n);
+void decode_e4m3(const uint8_t* b /*[n]*/, float* x /*[n]*/, size_t n);
+void encode_e2m1(const float* x /*[n]*/, uint8_t* c /*[n]*/, size_t n);
+void decode_e2m1(const uint8_t* c /*[n]*/, float* x /*[n]*/, size_t n);
+
 // ---- tensor codecs (reference implementations, also used by the KV cache) ---------
 // NVFP4 recipe: g = amax(W)/(6*448) (1 if W is all zero);
 //   s_b = e4m3(amax(block)/(6*g)); q = e2m1(w / (e4m3_to_f32(s_b)*g)) (0 if s_b decodes to 0).
+//   Exact float32 operation order: models/quant/nvfp4.py (q = 0 wherever the divisor
+//   e4m3_to_f32(s_b)*g is 0; dequantise as (e2m1 * e4m3) * g).
 void nvfp4_quantize(const float* w /*[N,K]*/, int N, int K,
                     uint8_t* codes /*[N,Kp/2]*/, uint8_t* scales /*[N,Kp/16]*/, float* tscale);
 void nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int K,
                       float* w /*[N,K]*/);
 // W4A8 weights: per group of `group` values along K: d = amax/7; q = clamp(rint(w/d), -8, 7);
 //   scale stored as f16(d) and q computed against the f16-rounded d.
+//   Exact recipe (models/quant/w4a8.py): d16 = f32_to_f16(min(amax / 7.0f, 65504.0f));
+//   q = 0 where d16 == 0. group <= 0 means row-wise (group = Kp); otherwise group must be
+//   even and divide Kp (std::invalid_argument if not).
 void w4a8_quantize(const float* w /*[N,K]*/, int N, int K, int group,
                    uint8_t* codes /*[N,Kp/2]*/, uint16_t* scales /*f16 [N,Kp/group]*/);
 void w4a8_dequantize(const uint8_t* codes, const uint16_t* scales, int N, int K, int group,

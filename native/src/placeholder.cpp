@@ -1,1 +1,0 @@
-namespace kvdeck { int placeholder_symbol = 0; }
