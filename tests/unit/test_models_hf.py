@@ -141,3 +141,22 @@ def test_bf16_widening_is_exact():
     x = torch.randn(1000).to(torch.bfloat16)
     u16 = x.view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(bf16_to_f32(u16), x.float().numpy())
+
+
+def test_llama3_rope_scaling_is_kept(tmp_path):
+    """Llama 3.x RoPE scaling (transformers 5 `rope_parameters` or 4.x `rope_scaling`) reaches
+    config.json as the optional key "rope_scaling"; plain RoPE writes no such key."""
+    src = tmp_path / "src"
+    make_model(src, "llama")
+    (f32,) = convert(src, name="plain", formats="f32", out=tmp_path / "out")
+    assert "rope_scaling" not in _cfg(f32)
+    hf = json.loads((src / "config.json").read_text())
+    hf.pop("rope_parameters", None)
+    hf["rope_theta"] = 500000.0
+    hf["rope_scaling"] = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    (src / "config.json").write_text(json.dumps(hf))
+    (f32,) = convert(src, name="scaled", formats="f32", out=tmp_path / "out")
+    cfg = _cfg(f32)
+    assert cfg["rope_theta"] == 500000.0 and cfg["rope_scaling"]["rope_type"] == "llama3"
+    assert cfg["rope_scaling"]["factor"] == 32.0
