@@ -32,7 +32,7 @@ constexpr int kMBlock = 64;    // activation rows packed at once (64 x Kp x 2.5 
 constexpr int kDenseGemvRows = 4;  // f32/f16 GEMV rows at once
 constexpr int kDenseRowsN = 3;     // f32/f16 GEMM tile: 3 weight rows x 4 x rows = 12 accs
 constexpr int kDenseRowsM = 4;
-constexpr int kPrefetchBytes = 512;  // GEMV software prefetch distance along a weight row
+constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

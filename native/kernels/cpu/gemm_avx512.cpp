@@ -34,7 +34,7 @@ constexpr int kMBlock = 64;    // activation rows packed at once (stays in L2)
 constexpr int kDenseGemvRows = 4;
 constexpr int kDenseRowsN = 4;  // f32/f16 GEMM tile: 4 weight rows x 6 x rows = 24 accs
 constexpr int kDenseRowsM = 6;
-constexpr int kPrefetchBytes = 1024;  // GEMV software prefetch distance along a weight row
+constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
 
 // ============================================================================
 // Quantised formats: packed activations and the register-tiled VNNI kernel
