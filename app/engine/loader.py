@@ -25,8 +25,8 @@ KV_FORMATS = ("f32", "f16")
 
 
 def default_models_dir() -> Path:
-    """Where `kvdeck models fetch` writes: $KVDECK_MODELS or <checkout>/models/weights."""
-    env = os.environ.get("KVDECK_MODELS")
+    """Where `kvdeck models fetch` writes: $KVDECK_WEIGHTS or <checkout>/models/weights."""
+    env = os.environ.get("KVDECK_WEIGHTS")
     return Path(env) if env else Path(__file__).resolve().parents[2] / "models" / "weights"
 
 
