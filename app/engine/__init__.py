@@ -3,7 +3,7 @@
 Imports flow one way: nothing here imports the agent, the store, telemetry or the UI.
 """
 
-from app.engine.engine import Engine, Generation
+from app.engine.engine import Engine, Generation, Session, TokenConstraint
 from app.engine.errors import EngineError, KvPoolFull
 from app.engine.loader import default_models_dir, load_engine
 from app.engine.types import CallStats, ModelConfig, SamplingParams
@@ -16,6 +16,8 @@ __all__ = [
     "KvPoolFull",
     "ModelConfig",
     "SamplingParams",
+    "Session",
+    "TokenConstraint",
     "default_models_dir",
     "load_engine",
 ]

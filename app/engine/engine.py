@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +62,17 @@ class Engine:
             raise EngineError(str(e)) from None
 
     # ---- generation -----------------------------------------------------------------
+    def session(self, name: str = "default") -> Session:
+        """A conversation's handle on the engine (see Session)."""
+        return Session(self, name)
+
     def generate(
         self,
         prompt: Sequence[int],
         sampling: SamplingParams = SamplingParams(),
         max_tokens: int = 256,
         stop_ids: Sequence[int] | None = None,
+        constraint: TokenConstraint | None = None,
     ) -> Generation:
         if max_tokens < 1:
             raise EngineError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -78,7 +84,20 @@ class Engine:
                 f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds the model's context of {limit} tokens"
             )
         stops = set(self.config.stop_token_ids if stop_ids is None else stop_ids)
-        return Generation(self, list(prompt), sampling, max_tokens, stops)
+        return Generation(self, list(prompt), sampling, max_tokens, stops, constraint)
+
+
+class TokenConstraint(Protocol):
+    """Constrained decoding (e.g. a grammar): a mask before each token, told each choice."""
+
+    def allowed(self) -> np.ndarray | None:
+        """bool [vocab] of tokens allowed next, or None for no restriction."""
+
+    def advance(self, token: int) -> None:
+        """The token that was chosen."""
+
+    def done(self) -> bool:
+        """True when the constrained text is complete: generation ends here."""
 
 
 class Generation:
@@ -87,12 +106,21 @@ class Generation:
     The stop token, when hit, ends the stream and is not yielded.
     """
 
-    def __init__(self, engine: Engine, prompt: list[int], sampling: SamplingParams, max_tokens: int, stops: set[int]):
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stops: set[int],
+        constraint: TokenConstraint | None = None,
+    ):
         self.engine = engine
         self.prompt = prompt
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.stops = stops
+        self.constraint = constraint
         self.tokens: list[int] = []
         self.stats: CallStats | None = None
         self._it = self._run()
@@ -109,6 +137,24 @@ class Generation:
     def text(self) -> str:
         return self.engine.tokenizer.decode(self.tokens, skip_special_tokens=True)
 
+    def _choose(self, sampler, logits: np.ndarray) -> int:
+        """Sample the next token, under the constraint's mask when there is one.
+
+        Returns -1 when the constraint has finished (the stream ends as at a stop token).
+        """
+        sp = self.sampling
+        c = self.constraint
+        if c is None:
+            return sampler.sample(logits, sp.temperature, sp.top_k, sp.top_p)
+        if c.done():
+            return -1
+        mask = c.allowed()
+        if mask is not None:
+            logits = np.where(mask, logits, np.float32(-np.inf)).astype(np.float32)
+        tok = sampler.sample(logits, sp.temperature, sp.top_k, sp.top_p)
+        c.advance(tok)
+        return tok
+
     def _run(self) -> Iterator[int]:
         eng, sp = self.engine, self.sampling
         native = eng.native
@@ -120,11 +166,11 @@ class Generation:
         decode_tokens = 0
         try:
             logits = eng._forward(seq, self.prompt)
-            tok = sampler.sample(logits, sp.temperature, sp.top_k, sp.top_p)
+            tok = self._choose(sampler, logits)
             t1 = time.perf_counter()
             prefill_s = ttft_s = t1 - t0
             while True:
-                if tok in self.stops:
+                if tok in self.stops or tok < 0:
                     finish = "stop"
                     break
                 self.tokens.append(tok)
@@ -133,7 +179,7 @@ class Generation:
                     break
                 t = time.perf_counter()
                 logits = eng._forward(seq, [tok])
-                tok = sampler.sample(logits, sp.temperature, sp.top_k, sp.top_p)
+                tok = self._choose(sampler, logits)
                 decode_s += time.perf_counter() - t
                 decode_tokens += 1
         finally:
@@ -156,3 +202,38 @@ class Generation:
             kv_used_pages=used,
             kv_free_pages=free,
         )
+
+
+class Session:
+    """A client of the engine with a history: the agent's one conversation.
+
+    Every call sends the whole prompt (system + tools + history + new message) as token
+    ids; the engine serves what it can from its prefix cache and computes the rest. The
+    ledger of each call is on the returned Generation's `stats` once it has ended.
+    """
+
+    def __init__(self, engine: Engine, name: str):
+        self.engine = engine
+        self.name = name
+        self.closed = False
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams = SamplingParams(),
+        max_tokens: int = 256,
+        stop_ids: Sequence[int] | None = None,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation:
+        if self.closed:
+            raise EngineError(f"session {self.name!r} is closed")
+        return self.engine.generate(prompt, sampling, max_tokens, stop_ids, constraint)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
