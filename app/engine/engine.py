@@ -22,11 +22,15 @@ from app.engine.types import CallStats, ModelConfig, SamplingParams
 
 
 class Engine:
-    def __init__(self, native: _native.Engine, config: ModelConfig, tokenizer, folder: Path):
+    def __init__(self, native: _native.Engine, config: ModelConfig, tokenizer, folder: Path, prefix_cache: bool = True):
         self.native = native
         self.config = config
         self.tokenizer = tokenizer
         self.folder = folder
+        self.prefix_cache = prefix_cache
+        self._next_session = 0
+        # Events drained but not yet handed to a call (e.g. from a session's prewarm).
+        self._pending_events: list[dict] = []
 
     # ---- facts ----------------------------------------------------------------------
     @property
@@ -64,7 +68,27 @@ class Engine:
     # ---- generation -----------------------------------------------------------------
     def session(self, name: str = "default") -> Session:
         """A conversation's handle on the engine (see Session)."""
-        return Session(self, name)
+        self._next_session += 1
+        return Session(self, name, self._next_session)
+
+    # ---- the prefix cache -----------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Pool occupancy: total/used/free/pinned/evictable/locked/cached pages, tree nodes,
+        block, bytes_per_token."""
+        return self.native.snapshot()
+
+    def tree(self) -> list[dict]:
+        """The radix tree's nodes (id, parent, start, tokens, pages, lock_ref, pin_ref,
+        last_access, owner) for the cache inspector."""
+        return self.native.tree_dump()
+
+    def clear_cache(self) -> int:
+        """Drop every unpinned, unlocked cached page; returns the pages dropped."""
+        return self.native.clear_cache()
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError naming the first broken invariant of pool, tree, sequences."""
+        self.native.check_integrity()
 
     def generate(
         self,
@@ -73,7 +97,10 @@ class Engine:
         max_tokens: int = 256,
         stop_ids: Sequence[int] | None = None,
         constraint: TokenConstraint | None = None,
+        session: Session | None = None,
     ) -> Generation:
+        """Stream a reply to `prompt` (token ids). Without a session the call is anonymous:
+        it still reads and feeds the prefix cache."""
         if max_tokens < 1:
             raise EngineError(f"max_tokens must be >= 1, got {max_tokens}")
         if len(prompt) == 0:
@@ -84,7 +111,7 @@ class Engine:
                 f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds the model's context of {limit} tokens"
             )
         stops = set(self.config.stop_token_ids if stop_ids is None else stop_ids)
-        return Generation(self, list(prompt), sampling, max_tokens, stops, constraint)
+        return Generation(self, list(prompt), sampling, max_tokens, stops, constraint, session)
 
 
 class TokenConstraint(Protocol):
@@ -103,7 +130,8 @@ class TokenConstraint(Protocol):
 class Generation:
     """An iterator of generated token ids; `stats` holds the ledger once it has ended.
 
-    The stop token, when hit, ends the stream and is not yielded.
+    The stop token, when hit, ends the stream and is not yielded (it is in `output_ids`).
+    `events` holds the cache events of this call (hit, insert, evict, pin).
     """
 
     def __init__(
@@ -114,6 +142,7 @@ class Generation:
         max_tokens: int,
         stops: set[int],
         constraint: TokenConstraint | None = None,
+        session: Session | None = None,
     ):
         self.engine = engine
         self.prompt = prompt
@@ -121,8 +150,11 @@ class Generation:
         self.max_tokens = max_tokens
         self.stops = stops
         self.constraint = constraint
+        self.session = session
         self.tokens: list[int] = []
+        self.output_ids: list[int] = []  # tokens + the stop token when one ended the stream
         self.stats: CallStats | None = None
+        self.events: list[dict] = []
         self._it = self._run()
 
     def __iter__(self) -> Iterator[int]:
@@ -159,21 +191,26 @@ class Generation:
         eng, sp = self.engine, self.sampling
         native = eng.native
         sampler = _native.Sampler(sp.seed)
-        seq = native.open_sequence()
+        sid = self.session.id if self.session else 0
         t0 = time.perf_counter()
         finish = "length"
-        decode_s = 0.0
-        decode_tokens = 0
+        decode_s = prefill_s = ttft_s = 0.0
+        decode_tokens = cached = 0
+        seq = native.open_sequence(sid)
         try:
-            logits = eng._forward(seq, self.prompt)
+            cached = native.begin(seq, np.asarray(self.prompt, np.int32)) if eng.prefix_cache else 0
+            logits = eng._forward(seq, self.prompt[cached:])
+            prefill_s = time.perf_counter() - t0
             tok = self._choose(sampler, logits)
-            t1 = time.perf_counter()
-            prefill_s = ttft_s = t1 - t0
+            ttft_s = time.perf_counter() - t0
             while True:
                 if tok in self.stops or tok < 0:
                     finish = "stop"
+                    if tok >= 0:
+                        self.output_ids.append(tok)
                     break
                 self.tokens.append(tok)
+                self.output_ids.append(tok)
                 yield tok
                 if len(self.tokens) >= self.max_tokens:
                     break
@@ -183,13 +220,35 @@ class Generation:
                 decode_s += time.perf_counter() - t
                 decode_tokens += 1
         finally:
-            used, free = native.kv_used_pages, native.kv_free_pages
-            native.close_sequence(seq)
+            if eng.prefix_cache:
+                native.finish(seq)
+            else:
+                native.close_sequence(seq)
+            self.events = eng._pending_events + native.drain_events()
+            eng._pending_events = []
+        self.stats = self._ledger(cached, prefill_s, ttft_s, decode_s, decode_tokens, finish)
+        if self.session is not None:
+            self.session._called(self)
+
+    def _ledger(self, cached, prefill_s, ttft_s, decode_s, decode_tokens, finish) -> CallStats:
+        eng = self.engine
         n = len(self.prompt)
-        self.stats = CallStats(
+        seen = self.session.seen_ids if self.session else []
+        common = 0
+        for a, b in zip(self.prompt, seen):
+            if a != b:
+                break
+            common += 1
+        new = n - common
+        computed = n - cached
+        snap = eng.native.snapshot()
+        return CallStats(
             prompt_tokens=n,
-            cached_tokens=0,
-            computed_tokens=n,
+            cached_tokens=cached,
+            computed_tokens=computed,
+            new_tokens=new,
+            waste_tokens=max(0, computed - new),
+            reuse=cached / n,
             ttft_s=ttft_s,
             prefill_s=prefill_s,
             decode_s=decode_s,
@@ -199,8 +258,10 @@ class Generation:
             weight_format=eng.weight_format,
             kv_format=eng.kv_format,
             backend=eng.backend,
-            kv_used_pages=used,
-            kv_free_pages=free,
+            kv_used_pages=snap["used_pages"],
+            kv_pinned_pages=snap["pinned_pages"],
+            kv_free_pages=snap["free_pages"],
+            evicted_pages=sum(e["pages"] for e in self.events if e["kind"] == "evict"),
         )
 
 
@@ -209,13 +270,21 @@ class Session:
 
     Every call sends the whole prompt (system + tools + history + new message) as token
     ids; the engine serves what it can from its prefix cache and computes the rest. The
-    ledger of each call is on the returned Generation's `stats` once it has ended.
+    ledger of each call is on the returned Generation's `stats` once it has ended:
+    `new_tokens` counts the prompt's tokens beyond what this session sent and received
+    before (the previous call's prompt + output).
+
+    A session may pin prefixes (never evicted while pinned) and pre-warm a static prefix
+    (compute it, cache it and pin it before the first call). close() releases its pins.
     """
 
-    def __init__(self, engine: Engine, name: str):
+    def __init__(self, engine: Engine, name: str, sid: int):
         self.engine = engine
         self.name = name
+        self.id = sid
         self.closed = False
+        self.seen_ids: list[int] = []  # previous call's prompt + output
+        self.calls: list[CallStats] = []
 
     def generate(
         self,
@@ -225,12 +294,46 @@ class Session:
         stop_ids: Sequence[int] | None = None,
         constraint: TokenConstraint | None = None,
     ) -> Generation:
-        if self.closed:
-            raise EngineError(f"session {self.name!r} is closed")
-        return self.engine.generate(prompt, sampling, max_tokens, stop_ids, constraint)
+        self._check_open()
+        return self.engine.generate(prompt, sampling, max_tokens, stop_ids, constraint, session=self)
+
+    def _called(self, gen: Generation) -> None:
+        self.seen_ids = gen.prompt + gen.output_ids
+        self.calls.append(gen.stats)
+
+    def pin(self, ids: Sequence[int]) -> int:
+        """Pin the cached whole pages of `ids` until close(); returns the tokens pinned."""
+        self._check_open()
+        _, tokens = self.engine.native.pin(self.id, np.asarray(ids, np.int32))
+        return tokens
+
+    def prewarm(self, ids: Sequence[int]) -> int:
+        """Compute `ids` (what is not cached yet), cache and pin it. Returns tokens pinned."""
+        self._check_open()
+        eng = self.engine
+        if not eng.prefix_cache:
+            raise EngineError("prewarm needs the prefix cache (engine loaded with prefix_cache=False)")
+        native = eng.native
+        seq = native.open_sequence(self.id)
+        try:
+            arr = np.asarray(ids, np.int32)
+            cached = native.begin(seq, arr)
+            eng._forward(seq, list(ids)[cached:])
+        finally:
+            native.finish(seq)
+        n = self.pin(ids)
+        eng._pending_events += native.drain_events()
+        return n
 
     def close(self) -> None:
-        self.closed = True
+        """Release this session's pins. Idempotent."""
+        if not self.closed:
+            self.engine.native.release_session(self.id)
+            self.closed = True
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EngineError(f"session {self.name!r} is closed")
 
     def __enter__(self) -> Session:
         return self

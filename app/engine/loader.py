@@ -22,6 +22,7 @@ FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32")
 KV_FORMATS = ("f32", "f16")
+KV_BYTES = {"f32": 4.0, "f16": 2.0}
 
 
 def default_models_dir() -> Path:
@@ -162,8 +163,14 @@ def load_engine(
     threads: int | None = None,
     kv_pages: int | None = None,
     max_context: int = 4096,
+    prefix_cache: bool = True,
+    kv_mib: float | None = None,
 ) -> Engine:
-    """Load a model folder onto the CPU backend. See module docstring for `path`."""
+    """Load a model folder onto the CPU backend. See module docstring for `path`.
+
+    The KV pool holds `kv_pages` pages of 16 tokens, or `kv_mib` MiB of KV, or (neither
+    given) enough for `max_context` tokens; its memory never grows past that.
+    """
     if kv not in KV_FORMATS:
         raise EngineError(f"kv format '{kv}' is not supported ({', '.join(KV_FORMATS)})")
     folder = resolve_model_dir(path, weights)
@@ -183,10 +190,23 @@ def load_engine(
         "qk_norm": cfg.qk_norm,
         "rope_inv_freq": rope_inv_freq(cfg).tolist(),
     }
-    options = {"kv": kv, "threads": threads or 0, "kv_pages": kv_pages or 0, "max_context": max_context}
+    if kv_mib is not None:
+        if kv_pages is not None:
+            raise EngineError("give kv_pages or kv_mib, not both")
+        per_page = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES[kv] * 16
+        kv_pages = int(kv_mib * 2**20 // per_page)
+        if kv_pages < 1:
+            raise EngineError(f"kv_mib {kv_mib} is smaller than one page ({per_page / 2**20:.3f} MiB)")
+    options = {
+        "kv": kv,
+        "threads": threads or 0,
+        "kv_pages": kv_pages or 0,
+        "max_context": max_context,
+        "prefix_cache": prefix_cache,
+    }
     try:
         native = _native.Engine(native_cfg, options)
         native.load_weights(tensors, cfg.tie_word_embeddings)
     except ValueError as e:
         raise EngineError(f"{folder / 'model.safetensors'}: {e}") from None
-    return Engine(native, cfg, tokenizer, folder)
+    return Engine(native, cfg, tokenizer, folder, prefix_cache=prefix_cache)

@@ -53,11 +53,19 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class CallStats:
-    """The per-call ledger (DESIGN.md § Per-turn ledger), the fields that apply so far."""
+    """The per-call ledger (DESIGN.md § Per-turn ledger).
+
+    computed = prompt - cached; new = prompt tokens beyond the session's previous call's
+    prompt + output; waste = computed - new (recomputed although seen: eviction, prefix
+    break, partial page), floored at 0; reuse = cached / prompt.
+    """
 
     prompt_tokens: int
     cached_tokens: int
     computed_tokens: int
+    new_tokens: int
+    waste_tokens: int
+    reuse: float
     ttft_s: float
     prefill_s: float
     decode_s: float
@@ -68,7 +76,9 @@ class CallStats:
     kv_format: str
     backend: str
     kv_used_pages: int
+    kv_pinned_pages: int
     kv_free_pages: int
+    evicted_pages: int
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -49,6 +49,7 @@ EngineOptions options_from(const py::dict& d) {
   o.kv_pages = get_or<int>(d, "kv_pages", o.kv_pages);
   o.max_context = get_or<int>(d, "max_context", o.max_context);
   o.max_chunk = get_or<int>(d, "max_chunk", o.max_chunk);
+  o.prefix_cache = get_or<bool>(d, "prefix_cache", o.prefix_cache);
   return o;
 }
 
@@ -64,7 +65,7 @@ std::string dtype_of(const py::array& a) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
-  static py::exception<KvPoolFull> kv_full(m, "KvPoolFullError", PyExc_RuntimeError);
+  py::register_exception<KvPoolFull>(m, "KvPoolFullError", PyExc_RuntimeError);
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const py::dict& config, const py::dict& options) {
@@ -91,7 +92,7 @@ void bind_engine(py::module_& m) {
             load_weights(e, named, tie);
           },
           py::arg("tensors"), py::arg("tie_embeddings"))
-      .def("open_sequence", &Engine::open_sequence)
+      .def("open_sequence", &Engine::open_sequence, py::arg("session") = 0)
       .def("close_sequence", &Engine::close_sequence)
       .def("sequence_tokens", [](const Engine& e, int s) { return e.sequence(s).tokens; })
       .def("sequence_pages", [](const Engine& e, int s) { return e.sequence(s).pages; })
@@ -113,6 +114,74 @@ void bind_engine(py::module_& m) {
           py::arg("seq"), py::arg("ids"), py::arg("all_logits") = false,
           "Append ids to the sequence and compute them; logits f32 [V] of the last token, "
           "or [n, V] with all_logits.")
+      .def(
+          "begin",
+          [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            return e.begin(seq, ids.data(), int(ids.size()));
+          },
+          py::arg("seq"), py::arg("ids"), "Attach the longest cached prefix; returns cached tokens.")
+      .def("finish", &Engine::finish, py::arg("seq"), "Insert the sequence's whole pages into the cache and close it.")
+      .def(
+          "pin",
+          [](Engine& e, int session, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            return e.pin(session, ids.data(), int(ids.size()));
+          },
+          py::arg("session"), py::arg("ids"), "Pin the cached prefix of ids; returns (pin id, tokens pinned).")
+      .def("unpin", &Engine::unpin, py::arg("pin_id"))
+      .def("release_session", &Engine::release_session, py::arg("session"), "Unpin all of a session's pins.")
+      .def("evict", &Engine::evict, py::arg("n_pages"), py::arg("reason") = "requested")
+      .def("clear_cache", &Engine::clear_cache)
+      .def("check_integrity", &Engine::check_integrity)
+      .def("snapshot",
+           [](const Engine& e) {
+             const PoolSnapshot s = e.snapshot();
+             py::dict d;
+             d["total_pages"] = s.total_pages;
+             d["used_pages"] = s.used_pages;
+             d["free_pages"] = s.free_pages;
+             d["pinned_pages"] = s.pinned_pages;
+             d["evictable_pages"] = s.evictable_pages;
+             d["locked_pages"] = s.locked_pages;
+             d["cached_pages"] = s.cached_pages;
+             d["tree_nodes"] = s.tree_nodes;
+             d["block"] = s.block;
+             d["bytes_per_token"] = s.bytes_per_token;
+             return d;
+           })
+      .def("tree_dump",
+           [](const Engine& e) {
+             py::list out;
+             e.tree()->visit([&](const RadixNode& n) {
+               py::dict d;
+               d["id"] = n.id;
+               d["parent"] = n.parent ? n.parent->id : 0;
+               d["start"] = n.depth_tokens;
+               d["tokens"] = n.tokens;
+               d["pages"] = n.pages;
+               d["lock_ref"] = n.lock_ref;
+               d["pin_ref"] = n.pin_ref;
+               d["last_access"] = n.last_access;
+               d["owner"] = n.owner;
+               out.append(d);
+             });
+             return out;
+           })
+      .def("drain_events",
+           [](Engine& e) {
+             py::list out;
+             for (const CacheEvent& ev : e.drain_events()) {
+               py::dict d;
+               d["kind"] = cache_event_name(ev.kind);
+               d["session"] = ev.session;
+               d["pages"] = ev.pages;
+               d["tokens"] = ev.tokens;
+               d["prefix_tokens"] = ev.prefix_tokens;
+               d["head"] = ev.head;
+               d["reason"] = ev.reason;
+               out.append(d);
+             }
+             return out;
+           })
       .def_property_readonly("backend", [](Engine& e) { return e.backend().name(); })
       .def_property_readonly("threads", [](Engine& e) { return e.backend().threads(); })
       .def_property_readonly("weight_bytes", &Engine::weight_bytes)

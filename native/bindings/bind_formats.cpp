@@ -42,6 +42,13 @@ void check_2d(const py::array& a, const char* name) {
   if (a.ndim() != 2) throw py::value_error(std::string(name) + " must be a 2-D array");
 }
 
+// "mse" / "amax" -> kvdeck::QuantRecipe (models.quant's recipe names).
+kvdeck::QuantRecipe parse_recipe(const std::string& r) {
+  if (r == "mse") return kvdeck::QuantRecipe::Mse;
+  if (r == "amax") return kvdeck::QuantRecipe::Amax;
+  throw py::value_error("unknown quantisation recipe '" + r + "'; expected 'mse' or 'amax'");
+}
+
 }  // namespace
 
 void bind_formats(py::module_& m) {
@@ -74,8 +81,9 @@ void bind_formats(py::module_& m) {
   // ---- NVFP4 --------------------------------------------------------------------------
   f.def(
       "nvfp4_quantize",
-      [](carray<float> w) {
+      [](carray<float> w, const std::string& recipe) {
         check_2d(w, "w");
+        const QuantRecipe rc = parse_recipe(recipe);
         const int N = int(w.shape(0)), K = int(w.shape(1)), Kp = round_up(K, kQuantPad);
         py::array_t<uint8_t> codes({N, Kp / 2});           // codes: u8 [N, Kp/2]
         py::array_t<uint8_t> scales({N, Kp / kNvfp4Block});  // scales: u8 [N, Kp/16]
@@ -85,11 +93,12 @@ void bind_formats(py::module_& m) {
         uint8_t* s = scales.mutable_data();
         {
           py::gil_scoped_release nogil;
-          nvfp4_quantize(src, N, K, c, s, &tscale);
+          nvfp4_quantize(src, N, K, c, s, &tscale, rc);
         }
         return py::make_tuple(codes, scales, tscale);
       },
-      py::arg("w"), "f32 [N,K] -> (codes u8 [N,Kp/2], scales u8 e4m3 [N,Kp/16], tscale float)");
+      py::arg("w"), py::arg("recipe") = "mse",
+      "f32 [N,K] -> (codes u8 [N,Kp/2], scales u8 e4m3 [N,Kp/16], tscale float); recipe 'mse' | 'amax'");
   f.def(
       "nvfp4_dequantize",
       [](carray<uint8_t> codes, carray<uint8_t> scales, float tscale, int K) {
@@ -114,8 +123,9 @@ void bind_formats(py::module_& m) {
   // ---- W4A8 ---------------------------------------------------------------------------
   f.def(
       "w4a8_quantize",
-      [](carray<float> w, py::object group) {
+      [](carray<float> w, py::object group, const std::string& recipe) {
         check_2d(w, "w");
+        const QuantRecipe rc = parse_recipe(recipe);
         const int N = int(w.shape(0)), K = int(w.shape(1)), Kp = round_up(K, kQuantPad);
         const int g = group.is_none() ? 0 : group.cast<int>();
         const int G = g <= 0 ? Kp : g;
@@ -128,12 +138,13 @@ void bind_formats(py::module_& m) {
         uint16_t* s = static_cast<uint16_t*>(scales.mutable_data());
         {
           py::gil_scoped_release nogil;
-          w4a8_quantize(src, N, K, G, c, s);
+          w4a8_quantize(src, N, K, G, c, s, rc);
         }
         return py::make_tuple(codes, scales);
       },
-      py::arg("w"), py::arg("group") = 32,
-      "f32 [N,K] -> (codes u8 [N,Kp/2] nibble q+8, scales f16 [N,Kp/group]); group None/0: row-wise");
+      py::arg("w"), py::arg("group") = 32, py::arg("recipe") = "mse",
+      "f32 [N,K] -> (codes u8 [N,Kp/2] nibble q+8, scales f16 [N,Kp/group]); group None/0: row-wise; "
+      "recipe 'mse' | 'amax'");
   f.def(
       "w4a8_dequantize",
       [](carray<uint8_t> codes, py::array scales, int K) {

@@ -76,11 +76,14 @@ Engine::Engine(ModelConfig config, EngineOptions options)
   if (n_pages <= 0) n_pages = (options_.max_context + B - 1) / B;
   pool_ = std::make_unique<KvPool>(*backend_, c.n_layers, c.n_kv_heads, c.head_dim, B, n_pages,
                                    options_.kv_dtype);
+  tree_ = std::make_unique<RadixTree>(*pool_, events_);
   scratch_ = std::make_unique<Scratch>(*backend_, c, options_.max_chunk, n_pages);
 }
 
 Engine::~Engine() {
   seqs_.clear();
+  pins_.clear();
+  tree_.reset();
   scratch_.reset();
   pool_.reset();
   for (void* p : owned_) backend_->free(p);
@@ -140,9 +143,11 @@ void Engine::set_weights(ModelWeights w) {
 // ============================================================================
 // Sequences
 // ============================================================================
-int Engine::open_sequence() {
+int Engine::open_sequence(int32_t session) {
   const int id = next_seq_++;
-  seqs_.emplace(id, Sequence{});
+  Sequence s;
+  s.session = session;
+  seqs_.emplace(id, std::move(s));
   return id;
 }
 
@@ -150,7 +155,108 @@ void Engine::close_sequence(int seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
   for (int p : it->second.pages) pool_->unref(p);
+  if (it->second.locked) tree_->unlock(it->second.locked);
   seqs_.erase(it);
+}
+
+// ============================================================================
+// Prefix cache
+// ============================================================================
+static Sequence& find_seq(std::unordered_map<int, Sequence>& m, int seq) {
+  auto it = m.find(seq);
+  if (it == m.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
+int Engine::begin(int seq, const int32_t* ids, int n) {
+  Sequence& s = find_seq(seqs_, seq);
+  if (!s.tokens.empty() || s.locked) throw std::logic_error("begin: the sequence is not empty");
+  if (!options_.prefix_cache || n <= 1) return 0;
+  PrefixMatch m = tree_->match(ids, n, n - 1);
+  tree_->lock(m.node);
+  s.locked = m.node;
+  for (int p : m.pages) pool_->ref(p);
+  s.pages = m.pages;
+  s.tokens.assign(ids, ids + m.tokens);
+  events_.push({CacheEventKind::Hit, s.session, int(m.pages.size()), m.tokens, m.tokens,
+                std::vector<int32_t>(ids, ids + std::min(n, 8)), ""});
+  return m.tokens;
+}
+
+void Engine::finish(int seq) {
+  Sequence& s = find_seq(seqs_, seq);
+  const int full = int(s.tokens.size()) / pool_->block();
+  if (options_.prefix_cache && full > 0) tree_->insert(s.tokens.data(), full, s.pages.data(), s.session);
+  close_sequence(seq);
+}
+
+std::pair<int, int> Engine::pin(int32_t session, const int32_t* ids, int n) {
+  int tokens = 0;
+  RadixNode* node = tree_->pin(ids, n, session, &tokens);
+  const int id = next_pin_++;
+  pins_.emplace(id, PinRecord{node, session});
+  return {id, tokens};
+}
+
+void Engine::unpin(int pin_id) {
+  auto it = pins_.find(pin_id);
+  if (it == pins_.end()) throw std::invalid_argument("unknown pin " + std::to_string(pin_id));
+  tree_->unpin(it->second.node, it->second.session);
+  pins_.erase(it);
+}
+
+int Engine::release_session(int32_t session) {
+  std::vector<int> ids;
+  for (auto& [id, rec] : pins_)
+    if (rec.session == session) ids.push_back(id);
+  for (int id : ids) unpin(id);
+  return int(ids.size());
+}
+int Engine::evict(int n_pages, const std::string& reason) { return tree_->evict(n_pages, reason); }
+int Engine::clear_cache() { return tree_->clear(); }
+
+PoolSnapshot Engine::snapshot() const {
+  const TreeSnapshot t = tree_->snapshot();
+  PoolSnapshot s;
+  s.total_pages = pool_->n_pages();
+  s.used_pages = pool_->used_pages();
+  s.free_pages = pool_->free_pages();
+  s.pinned_pages = t.pinned_pages;
+  s.evictable_pages = t.evictable_pages;
+  s.locked_pages = t.locked_pages;
+  s.cached_pages = t.cached_pages;
+  s.tree_nodes = t.nodes;
+  s.block = pool_->block();
+  s.bytes_per_token = pool_->bytes_per_token();
+  return s;
+}
+
+void Engine::check_integrity() const {
+  auto fail = [](const std::string& m) { throw std::logic_error("integrity: " + m); };
+  std::vector<int32_t> refs(pool_->n_pages(), 0);
+  tree_->check(refs);
+  std::unordered_map<const RadixNode*, int> locks;
+  for (auto& [id, s] : seqs_) {
+    const int B = pool_->block();
+    if (int(s.pages.size()) < (int(s.tokens.size()) + B - 1) / B)
+      fail("sequence " + std::to_string(id) + ": page table too short");
+    for (int p : s.pages) ++refs[p];
+    for (const RadixNode* n = s.locked; n; n = n->parent) ++locks[n];
+  }
+  int zero = 0;
+  for (int p = 0; p < pool_->n_pages(); ++p) {
+    if (refs[p] != pool_->refcount(p))
+      fail("page " + std::to_string(p) + " has refcount " + std::to_string(pool_->refcount(p)) + ", holders " +
+           std::to_string(refs[p]));
+    zero += refs[p] == 0;
+  }
+  if (zero != pool_->free_pages()) fail("free list holds " + std::to_string(pool_->free_pages()) + " pages, " + std::to_string(zero) + " are unreferenced");
+  tree_->visit([&](const RadixNode& n) {
+    auto it = locks.find(&n);
+    const int expect = it == locks.end() ? 0 : it->second;
+    if (n.lock_ref != expect)
+      fail("node " + std::to_string(n.id) + " lock_ref " + std::to_string(n.lock_ref) + ", sequences " + std::to_string(expect));
+  });
 }
 
 const Sequence& Engine::sequence(int seq) const {
@@ -164,6 +270,8 @@ void Engine::reserve_pages(Sequence& s, int n_tokens) {
   const int B = pool_->block();
   const int need = (n_tokens + B - 1) / B - int(s.pages.size());
   if (need <= 0) return;
+  if (need > pool_->free_pages())
+    tree_->evict(need - pool_->free_pages(), "pool full: " + std::to_string(need) + " pages needed");
   if (need > pool_->free_pages())
     throw KvPoolFull("kv pool full: " + std::to_string(n_tokens) + " tokens need " + std::to_string(need) +
                      " more pages of " + std::to_string(B) + ", " + std::to_string(pool_->free_pages()) +

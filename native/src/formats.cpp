@@ -148,16 +148,46 @@ void decode_e2m1(const uint8_t* c, float* x, size_t n) {
 // NVFP4 tensors
 // =====================================================================================
 
+namespace {
+
+// "mse" recipe error of block code s (models/quant/nvfp4.py): sum over j in order of
+// double(x[j] - e2m1(q_j) * sv)^2, x = blk / g. e2m1 * sv is exact and the squares are exact
+// in double, so a contracted (FMA) form gives the same bits.
+double nvfp4_block_err(const float* blk, const float* x, uint8_t s, float g) {
+  const float sv = e4m3_to_f32(s);
+  const float den = sv * g;
+  double acc = 0.0;
+  for (int j = 0; j < kNvfp4Block; ++j) {
+    const uint8_t q = den != 0.0f ? f32_to_e2m1(blk[j] / den) : 0;
+    const double e = double(x[j] - e2m1_to_f32(q) * sv);
+    acc = j == 0 ? e * e : acc + e * e;
+  }
+  return acc;
+}
+
+inline uint8_t e4m3_step(uint8_t s, int delta) {  // neighbouring positive code, in [0, 0x7E]
+  return uint8_t(std::min(std::max(int(s) + delta, 0), 0x7E));
+}
+
+}  // namespace
+
 void nvfp4_quantize(const float* w, int N, int K, uint8_t* codes, uint8_t* scales,
                     float* tscale) {
+  nvfp4_quantize(w, N, K, codes, scales, tscale, QuantRecipe::Mse);
+}
+
+void nvfp4_quantize(const float* w, int N, int K, uint8_t* codes, uint8_t* scales,
+                    float* tscale, QuantRecipe recipe) {
   const int Kp = round_up(K, kQuantPad);
   const int nb = Kp / kNvfp4Block;
   float amax = 0.0f;
   for (size_t i = 0, n = size_t(N) * size_t(K); i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
   const float g = amax > 0.0f ? amax / 2688.0f : 1.0f;
   const float sden = 6.0f * g;
+  const bool mse = recipe == QuantRecipe::Mse && g != 0.0f;
   *tscale = g;
   float blk[kNvfp4Block];  // one zero-padded block
+  float x[kNvfp4Block];    // blk / g (mse recipe)
   for (int r = 0; r < N; ++r) {
     const float* wr = w + size_t(r) * K;            // wr: f32 [K]
     uint8_t* cr = codes + size_t(r) * (Kp / 2);     // cr: u8 [Kp/2]
@@ -169,7 +199,18 @@ void nvfp4_quantize(const float* w, int N, int K, uint8_t* codes, uint8_t* scale
         blk[j] = k < K ? wr[k] : 0.0f;
         bmax = std::max(bmax, std::fabs(blk[j]));
       }
-      const uint8_t s = f32_to_e4m3(bmax / sden);
+      uint8_t s = f32_to_e4m3(bmax / sden);
+      if (mse) {
+        for (int j = 0; j < kNvfp4Block; ++j) x[j] = blk[j] / g;
+        const uint8_t s6 = s, s4 = f32_to_e4m3(bmax / (4.0f * g));
+        const uint8_t cand[5] = {e4m3_step(s6, -1), e4m3_step(s6, 1), s4, e4m3_step(s4, -1),
+                                 e4m3_step(s4, 1)};
+        double best = nvfp4_block_err(blk, x, s6, g);
+        for (uint8_t c : cand) {
+          const double e = nvfp4_block_err(blk, x, c, g);
+          if (e < best) best = e, s = c;  // strictly less: earlier candidates win ties
+        }
+      }
       const float den = e4m3_to_f32(s) * g;
       sr[b] = s;
       for (int j = 0; j < kNvfp4Block; j += 2) {
@@ -213,29 +254,89 @@ int w4a8_group(int group, int Kp) {
 
 }  // namespace
 
+namespace {
+
+inline uint16_t w4a8_scale16(float d) {  // f16, saturated to +-65504 (never inf)
+  return f32_to_f16(std::min(std::max(d, -65504.0f), 65504.0f));
+}
+
+inline int w4a8_round(float v, float dd) {  // clip(rint(v / dd), -8, 7); 0 if dd == 0
+  return dd != 0.0f ? int(std::min(std::max(std::nearbyint(v / dd), -8.0f), 7.0f)) : 0;
+}
+
+// "mse" recipe error of scale d16 on one group v[G] (models/quant/w4a8.py); q[G] gets the
+// rounded values. q*dd is exact and the squares are exact in double (FMA-proof).
+double w4a8_group_err(const float* v, int G, uint16_t d16, int* q) {
+  const float dd = f16_to_f32(d16);
+  double acc = 0.0;
+  for (int j = 0; j < G; ++j) {
+    q[j] = w4a8_round(v[j], dd);
+    const double e = double(v[j] - float(q[j]) * dd);
+    acc = j == 0 ? e * e : acc + e * e;
+  }
+  return acc;
+}
+
+// The "mse" recipe's f16 scale of one group v[G]; q, qc: scratch [G].
+uint16_t w4a8_mse_scale(const float* v, int G, int* q, int* qc) {
+  float amax = std::fabs(v[0]), smax = v[0];  // first element of largest magnitude
+  for (int j = 1; j < G; ++j)
+    if (std::fabs(v[j]) > amax) amax = std::fabs(v[j]), smax = v[j];
+  uint16_t d16 = w4a8_scale16(amax / 7.0f);
+  double best = w4a8_group_err(v, G, d16, q);
+  static const float kDiv[5] = {-8.0f, -8.5f, -9.0f, -9.5f, 7.5f};
+  for (float c : kDiv) {
+    const uint16_t c16 = w4a8_scale16(smax / c);
+    const double e = w4a8_group_err(v, G, c16, qc);
+    if (e < best) {  // strictly less: earlier candidates win ties
+      best = e, d16 = c16;
+      std::copy(qc, qc + G, q);
+    }
+  }
+  // one least-squares refit on the best q: d = float(sum w*q / sum q^2), all in double
+  double num = 0.0, den = 0.0;
+  for (int j = 0; j < G; ++j) {
+    const double p = double(v[j]) * double(q[j]);
+    num = j == 0 ? p : num + p;
+    den += double(q[j]) * double(q[j]);
+  }
+  if (den != 0.0) {
+    const uint16_t c16 = w4a8_scale16(float(num / den));
+    if (w4a8_group_err(v, G, c16, qc) < best) d16 = c16;
+  }
+  return d16;
+}
+
+}  // namespace
+
 void w4a8_quantize(const float* w, int N, int K, int group, uint8_t* codes, uint16_t* scales) {
+  w4a8_quantize(w, N, K, group, codes, scales, QuantRecipe::Mse);
+}
+
+void w4a8_quantize(const float* w, int N, int K, int group, uint8_t* codes, uint16_t* scales,
+                   QuantRecipe recipe) {
   const int Kp = round_up(K, kQuantPad);
   const int G = w4a8_group(group, Kp);
   const int ng = Kp / G;
+  std::vector<float> v(G);          // one zero-padded group
+  std::vector<int> q(G), qc(G);     // mse scratch
   for (int r = 0; r < N; ++r) {
     const float* wr = w + size_t(r) * K;          // wr: f32 [K]
     uint8_t* cr = codes + size_t(r) * (Kp / 2);   // cr: u8 [Kp/2]
     uint16_t* sr = scales + size_t(r) * ng;       // sr: f16 [Kp/G]
     for (int gi = 0; gi < ng; ++gi) {
-      const int k0 = gi * G, k1 = std::min(k0 + G, K);
+      const int k0 = gi * G;
       float amax = 0.0f;
-      for (int k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(wr[k]));
-      const uint16_t d16 = f32_to_f16(std::min(amax / 7.0f, 65504.0f));
+      for (int j = 0; j < G; ++j) {
+        v[j] = k0 + j < K ? wr[k0 + j] : 0.0f;
+        amax = std::max(amax, std::fabs(v[j]));
+      }
+      const uint16_t d16 = recipe == QuantRecipe::Mse ? w4a8_mse_scale(v.data(), G, q.data(), qc.data())
+                                                      : w4a8_scale16(amax / 7.0f);
       const float dd = f16_to_f32(d16);
       sr[gi] = d16;
-      for (int k = k0; k < k0 + G; k += 2) {
-        int q[2] = {0, 0};
-        for (int t = 0; t < 2; ++t) {
-          const float v = k + t < K ? wr[k + t] : 0.0f;
-          if (dd != 0.0f) q[t] = int(std::min(std::max(std::nearbyint(v / dd), -8.0f), 7.0f));
-        }
-        cr[k / 2] = uint8_t((q[0] + 8) | ((q[1] + 8) << 4));
-      }
+      for (int j = 0; j < G; j += 2)
+        cr[(k0 + j) / 2] = uint8_t((w4a8_round(v[j], dd) + 8) | ((w4a8_round(v[j + 1], dd) + 8) << 4));
     }
   }
 }

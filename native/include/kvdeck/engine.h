@@ -17,6 +17,7 @@
 #include "kvdeck/backend.h"
 #include "kvdeck/kv_pool.h"
 #include "kvdeck/model.h"
+#include "kvdeck/radix_tree.h"
 
 namespace kvdeck {
 
@@ -28,11 +29,20 @@ struct EngineOptions {
   int kv_pages = 0;                // pool size in pages; 0: enough for max_context tokens
   int max_context = 4096;          // default pool sizing only
   int max_chunk = 512;             // prefill rows per forward chunk (bounds scratch memory)
+  bool prefix_cache = true;        // radix-tree prefix reuse across calls
 };
 
 struct Sequence {
   std::vector<int32_t> tokens;     // [n] every token whose K/V is stored
-  std::vector<int32_t> pages;      // [ceil(n / block)] page table into the pool
+  std::vector<int32_t> pages;      // [ceil(n / block)] page table; one pool ref each
+  RadixNode* locked = nullptr;     // the cached path this sequence reads (locked)
+  int32_t session = 0;             // owner, for cache events
+};
+
+struct PoolSnapshot {
+  int32_t total_pages, used_pages, free_pages, pinned_pages, evictable_pages, locked_pages,
+      cached_pages, tree_nodes, block;
+  size_t bytes_per_token;
 };
 
 class Engine {
@@ -48,9 +58,28 @@ class Engine {
   size_t weight_bytes() const { return weight_bytes_; }
 
   // ---- sequences (mutating) -----------------------------------------------------------
-  int open_sequence();
-  void close_sequence(int seq);     // releases its page references
+  int open_sequence(int32_t session = 0);
+  void close_sequence(int seq);     // releases its page references and its lock
   const Sequence& sequence(int seq) const;
+
+  // ---- prefix cache (mutating) --------------------------------------------------------
+  // Attach the longest cached prefix of ids [n] to an empty sequence (whole pages, at most
+  // n-1 tokens so the last token is always computed). Locks the path. Returns cached tokens.
+  int begin(int seq, const int32_t* ids, int n);
+  // Insert the sequence's whole pages (prompt and generated tokens) into the tree, then
+  // close it.
+  void finish(int seq);
+  // Pin the cached whole-page prefix of ids for a session; returns {pin id, tokens pinned}.
+  std::pair<int, int> pin(int32_t session, const int32_t* ids, int n);
+  void unpin(int pin_id);
+  int release_session(int32_t session);                    // unpin all its pins; returns count
+  int evict(int n_pages, const std::string& reason);       // returns pages evicted
+  int clear_cache();
+  PoolSnapshot snapshot() const;
+  const RadixTree* tree() const { return tree_.get(); }
+  std::vector<CacheEvent> drain_events() { return events_.drain(); }
+  // Throws std::logic_error naming the first broken invariant of pool, tree and sequences.
+  void check_integrity() const;
 
   // Append ids [n] to the sequence and run the model over them. Writes logits f32 [V] of
   // the last token, or [n, V] for every token when all_logits. Throws KvPoolFull (the
@@ -71,6 +100,8 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvPool> pool_;
+  EventRing events_;
+  std::unique_ptr<RadixTree> tree_;
   std::unique_ptr<Scratch> scratch_;
   ModelWeights weights_;
   bool weights_set_ = false;
@@ -78,6 +109,12 @@ class Engine {
   size_t weight_bytes_ = 0;
   std::unordered_map<int, Sequence> seqs_;
   int next_seq_ = 1;
+  struct PinRecord {
+    RadixNode* node;
+    int32_t session;
+  };
+  std::unordered_map<int, PinRecord> pins_;
+  int next_pin_ = 1;
 };
 
 }  // namespace kvdeck

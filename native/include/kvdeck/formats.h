@@ -45,21 +45,39 @@ void encode_e2m1(const float* x /*[n]*/, uint8_t* c /*[n]*/, size_t n);
 void decode_e2m1(const uint8_t* c /*[n]*/, float* x /*[n]*/, size_t n);
 
 // ---- tensor codecs (reference implementations, also used by the KV cache) ---------
-// NVFP4 recipe: g = amax(W)/(6*448) (1 if W is all zero);
+// Scale recipes of the weight quantisers (models/quant/{nvfp4,w4a8}.py state them exactly).
+//   Mse  (default): per block / group, the scale with the least squared error among a few
+//                   candidates (the Amax one first; ties keep the earlier candidate), so its
+//                   error is never above Amax's. W4A8 adds one least-squares refit.
+//   Amax          : the DESIGN recipes below (converter_version 1).
+enum class QuantRecipe : int32_t { Mse = 0, Amax = 1 };
+
+// NVFP4 Amax recipe: g = amax(W)/(6*448) (1 if W is all zero);
 //   s_b = e4m3(amax(block)/(6*g)); q = e2m1(w / (e4m3_to_f32(s_b)*g)) (0 if s_b decodes to 0).
 //   Exact float32 operation order: models/quant/nvfp4.py (q = 0 wherever the divisor
 //   e4m3_to_f32(s_b)*g is 0; dequantise as (e2m1 * e4m3) * g).
 void nvfp4_quantize(const float* w /*[N,K]*/, int N, int K,
                     uint8_t* codes /*[N,Kp/2]*/, uint8_t* scales /*[N,Kp/16]*/, float* tscale);
+// NVFP4 Mse recipe: same g; s_b = the best of the codes s6, s6-1, s6+1, s4, s4-1, s4+1
+//   (s6 = the Amax code, s4 = e4m3(amax(block)/(4*g))) by sum of (w/g - e2m1*e4m3)^2.
+//   The 6-argument form uses QuantRecipe::Mse.
+void nvfp4_quantize(const float* w /*[N,K]*/, int N, int K, uint8_t* codes /*[N,Kp/2]*/,
+                    uint8_t* scales /*[N,Kp/16]*/, float* tscale, QuantRecipe recipe);
 void nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int K,
                       float* w /*[N,K]*/);
-// W4A8 weights: per group of `group` values along K: d = amax/7; q = clamp(rint(w/d), -8, 7);
+// W4A8 Amax recipe: per group of `group` values along K: d = amax/7; q = clamp(rint(w/d), -8, 7);
 //   scale stored as f16(d) and q computed against the f16-rounded d.
 //   Exact recipe (models/quant/w4a8.py): d16 = f32_to_f16(min(amax / 7.0f, 65504.0f));
 //   q = 0 where d16 == 0. group <= 0 means row-wise (group = Kp); otherwise group must be
 //   even and divide Kp (std::invalid_argument if not).
 void w4a8_quantize(const float* w /*[N,K]*/, int N, int K, int group,
                    uint8_t* codes /*[N,Kp/2]*/, uint16_t* scales /*f16 [N,Kp/group]*/);
+// W4A8 Mse recipe: d = the best of amax/7, smax/c for c in (-8, -8.5, -9, -9.5, 7.5)
+//   (smax: the signed value of largest magnitude, so c < 0 uses the level -8), then one
+//   least-squares refit d = sum(w*q)/sum(q^2), by sum of (w - q*d16)^2; scales may be
+//   negative. The 6-argument form uses QuantRecipe::Mse.
+void w4a8_quantize(const float* w /*[N,K]*/, int N, int K, int group, uint8_t* codes /*[N,Kp/2]*/,
+                   uint16_t* scales /*f16 [N,Kp/group]*/, QuantRecipe recipe);
 void w4a8_dequantize(const uint8_t* codes, const uint16_t* scales, int N, int K, int group,
                      float* w /*[N,K]*/);
 
