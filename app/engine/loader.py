@@ -21,8 +21,8 @@ from app.engine.types import ModelConfig
 FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32")
-KV_FORMATS = ("f32", "f16")
-KV_BYTES = {"f32": 4.0, "f16": 2.0}
+KV_FORMATS = ("f32", "f16", "nvfp4")
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625}  # per value
 
 
 def default_models_dir() -> Path:

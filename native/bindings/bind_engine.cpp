@@ -5,6 +5,7 @@
 
 #include "kvdeck/engine.h"
 #include "kvdeck/kernels.h"
+#include "kvdeck/ops_cpu.h"
 #include "kvdeck/sampler.h"
 #include "kvdeck/weights_loader.h"
 
@@ -37,7 +38,8 @@ ModelConfig config_from(const py::dict& d) {
 KvDType kv_dtype_from(const std::string& s) {
   if (s == "f32") return KvDType::F32;
   if (s == "f16") return KvDType::F16;
-  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16)");
+  if (s == "nvfp4") return KvDType::NVFP4;
+  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16, nvfp4)");
 }
 
 EngineOptions options_from(const py::dict& d) {
@@ -204,4 +206,19 @@ void bind_engine(py::module_& m) {
           py::arg("logits"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f);
 
   m.def("kernel_isa", [] { return std::string(kernel_isa()); });
+  m.def(
+      "kv_nvfp4_roundtrip",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        // x f32 [n, D] -> (rows u8 [n, D/2 + D/16], decoded f32 [n, D]); for tests.
+        if (x.ndim() != 2 || x.shape(1) % 16) throw std::invalid_argument("x must be [n, D] with D % 16 == 0");
+        const int n = int(x.shape(0)), D = int(x.shape(1));
+        py::array_t<uint8_t> rows({n, D / 2 + D / 16});
+        py::array_t<float> back({n, D});
+        for (int i = 0; i < n; ++i) {
+          cpu::kv_nvfp4_encode_row(x.data() + size_t(i) * D, D, rows.mutable_data() + size_t(i) * (D / 2 + D / 16));
+          cpu::kv_nvfp4_decode_row(rows.data() + size_t(i) * (D / 2 + D / 16), D, back.mutable_data() + size_t(i) * D);
+        }
+        return py::make_tuple(rows, back);
+      },
+      py::arg("x"));
 }

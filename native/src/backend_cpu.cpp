@@ -103,17 +103,29 @@ class CpuBackend final : public Backend {
 
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
                 const int32_t* slots, int M) override {
-    const int row = pool.n_kv() * pool.head_dim();
+    const int nkv = pool.n_kv(), D = pool.head_dim();
+    const size_t row = pool.row_bytes();
+    uint8_t* kb = static_cast<uint8_t*>(pool.k(layer));
+    uint8_t* vb = static_cast<uint8_t*>(pool.v(layer));
     for (int m = 0; m < M; ++m) {
-      const size_t dst = static_cast<size_t>(slots[m]) * row;
-      const float* km = k + static_cast<size_t>(m) * ld;
-      const float* vm = v + static_cast<size_t>(m) * ld;
-      if (pool.dtype() == KvDType::F32) {
-        std::memcpy(static_cast<float*>(pool.k(layer)) + dst, km, sizeof(float) * row);
-        std::memcpy(static_cast<float*>(pool.v(layer)) + dst, vm, sizeof(float) * row);
-      } else {
-        cpu::f32_to_f16_row(km, static_cast<uint16_t*>(pool.k(layer)) + dst, row);
-        cpu::f32_to_f16_row(vm, static_cast<uint16_t*>(pool.v(layer)) + dst, row);
+      for (int g = 0; g < nkv; ++g) {
+        const size_t dst = (static_cast<size_t>(slots[m]) * nkv + g) * row;  // bytes
+        const float* km = k + static_cast<size_t>(m) * ld + size_t(g) * D;
+        const float* vm = v + static_cast<size_t>(m) * ld + size_t(g) * D;
+        switch (pool.dtype()) {
+          case KvDType::F32:
+            std::memcpy(kb + dst, km, sizeof(float) * D);
+            std::memcpy(vb + dst, vm, sizeof(float) * D);
+            break;
+          case KvDType::F16:
+            cpu::f32_to_f16_row(km, reinterpret_cast<uint16_t*>(kb + dst), D);
+            cpu::f32_to_f16_row(vm, reinterpret_cast<uint16_t*>(vb + dst), D);
+            break;
+          case KvDType::NVFP4:
+            cpu::kv_nvfp4_encode_row(km, D, kb + dst);
+            cpu::kv_nvfp4_encode_row(vm, D, vb + dst);
+            break;
+        }
       }
     }
   }
@@ -122,18 +134,41 @@ class CpuBackend final : public Backend {
                  const int32_t* pages, int nh, int nkv, int D, float* out) override {
     const int G = nh / nkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const int ctx = p0 + M;
+    cpu::KvView kv{pool.k(layer), pool.v(layer), pool.dtype(), pool.block(), nkv, D, pages};
+    if (pool.dtype() == KvDType::NVFP4 && M > 1) {
+      // Prefill over nvfp4 pages: dequantise the context once into a f32 workspace (reused
+      // by every layer) so the M queries do not each decode every row again.
+      const int n_pages = (ctx + pool.block() - 1) / pool.block();
+      const size_t page_floats = size_t(pool.block()) * nkv * D;
+      workspace_.resize(2 * n_pages * page_floats);  // K then V, [n_pages, block, nkv, D]
+      ws_pages_.resize(n_pages);
+#pragma omp parallel for num_threads(threads_) schedule(static)
+      for (int pi = 0; pi < n_pages; ++pi) {
+        ws_pages_[pi] = pi;
+        const size_t row = pool.row_bytes();
+        const uint8_t* kp = static_cast<const uint8_t*>(pool.k(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
+        const uint8_t* vp = static_cast<const uint8_t*>(pool.v(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
+        for (int r = 0; r < pool.block() * nkv; ++r) {
+          cpu::kv_nvfp4_decode_row(kp + r * row, D, workspace_.data() + pi * page_floats + size_t(r) * D);
+          cpu::kv_nvfp4_decode_row(vp + r * row, D, workspace_.data() + (n_pages + pi) * page_floats + size_t(r) * D);
+        }
+      }
+      kv = cpu::KvView{workspace_.data(), workspace_.data() + n_pages * page_floats, KvDType::F32,
+                       pool.block(), nkv, D, ws_pages_.data()};
+    }
     const int tasks = M * nkv;
     const int T = std::min(threads_, tasks);
 #pragma omp parallel num_threads(T)
     {
-      std::vector<float> work(static_cast<size_t>(G) * (p0 + M) + 2 * pool.block() * D);
+      std::vector<float> work(static_cast<size_t>(G) * ctx + 2 * pool.block() * D);
       // Later queries see more context: interleave them across threads.
 #pragma omp for schedule(dynamic, 1)
       for (int task = 0; task < tasks; ++task) {
         const int m = task / nkv, g = task % nkv;
         const float* qm = q + static_cast<size_t>(m) * ldq + static_cast<size_t>(g) * G * D;
         float* om = out + static_cast<size_t>(m) * nh * D + static_cast<size_t>(g) * G * D;
-        cpu::attention_query(pool, layer, g, qm, G, p0 + m + 1, pages, scale, om, work.data());
+        cpu::attention_query(kv, g, qm, G, p0 + m + 1, scale, om, work.data());
       }
     }
   }
@@ -156,6 +191,8 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_;
+  std::vector<float> workspace_;   // nvfp4 prefill: dequantised K,V of one layer's context
+  std::vector<int32_t> ws_pages_;  // identity page table into workspace_
 };
 
 }  // namespace

@@ -4,15 +4,27 @@
 
 namespace kvdeck {
 
-const char* kv_dtype_name(KvDType t) { return t == KvDType::F32 ? "f32" : "f16"; }
-size_t kv_dtype_bytes(KvDType t) { return t == KvDType::F32 ? 4 : 2; }
+const char* kv_dtype_name(KvDType t) {
+  return t == KvDType::F32 ? "f32" : t == KvDType::F16 ? "f16" : "nvfp4";
+}
+
+size_t kv_row_bytes(KvDType t, int D) {
+  switch (t) {
+    case KvDType::F32: return size_t(D) * 4;
+    case KvDType::F16: return size_t(D) * 2;
+    case KvDType::NVFP4: return size_t(D) / 2 + size_t(D) / 16;
+  }
+  return 0;
+}
 
 KvPool::KvPool(Backend& backend, int n_layers, int n_kv, int head_dim, int block, int n_pages,
                KvDType dtype)
     : backend_(backend), n_layers_(n_layers), n_kv_(n_kv), head_dim_(head_dim), block_(block),
       n_pages_(n_pages), dtype_(dtype) {
   if (n_pages <= 0 || block <= 0) throw std::invalid_argument("kv pool: n_pages and block must be > 0");
-  const size_t layer_bytes = static_cast<size_t>(n_pages) * block * n_kv * head_dim * kv_dtype_bytes(dtype);
+  if (dtype == KvDType::NVFP4 && head_dim % 16 != 0)
+    throw std::invalid_argument("kv pool: nvfp4 KV needs head_dim divisible by 16, got " + std::to_string(head_dim));
+  const size_t layer_bytes = static_cast<size_t>(n_pages) * block * n_kv * kv_row_bytes(dtype, head_dim);
   for (int l = 0; l < n_layers; ++l) {
     k_.push_back(backend_.alloc(layer_bytes));
     v_.push_back(backend_.alloc(layer_bytes));
@@ -28,7 +40,7 @@ KvPool::~KvPool() {
 }
 
 size_t KvPool::bytes_per_token() const {
-  return 2ull * n_layers_ * n_kv_ * head_dim_ * kv_dtype_bytes(dtype_);
+  return 2ull * n_layers_ * token_bytes();
 }
 size_t KvPool::page_bytes() const { return bytes_per_token() * block_; }
 

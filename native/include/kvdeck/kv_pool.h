@@ -3,7 +3,10 @@
 // Three layers, as in SGLang's mem_cache: a request maps its token positions to pages
 // (its page table, owned by the Sequence); this pool hands out page indices and counts
 // their references (the one owner of page ref counts); the storage is per layer
-// K and V [n_pages, block, n_kv, D] in backend memory. A page returns to the free list
+// K and V [n_pages, block, n_kv, row] in backend memory, where a row is one head's D values:
+//   F32: f32 [D]; F16: f16 [D];
+//   NVFP4: u8 codes [D/2] (two E2M1 per byte, element 2i low) then u8 E4M3 scales [D/16]
+//          (one per 16 values along head_dim, tensor scale 1): 0.28125x the bytes of f16. A page returns to the free list
 // when its reference count drops to zero. The prefix cache (radix tree) will hold its
 // own references through the same ref/unref calls.
 #pragma once
@@ -17,9 +20,9 @@ namespace kvdeck {
 
 class Backend;
 
-enum class KvDType : int32_t { F32 = 0, F16 = 1 };
+enum class KvDType : int32_t { F32 = 0, F16 = 1, NVFP4 = 2 };
 const char* kv_dtype_name(KvDType t);
-size_t kv_dtype_bytes(KvDType t);
+size_t kv_row_bytes(KvDType t, int head_dim);  // bytes of one head's D values
 
 // Thrown when a request cannot get the pages it needs.
 struct KvPoolFull : std::runtime_error {
@@ -42,7 +45,9 @@ class KvPool {
   KvDType dtype() const { return dtype_; }
   size_t page_bytes() const;        // one page, all layers, K and V
   size_t bytes_per_token() const;   // all layers, K and V
-  // K / V storage of one layer: [n_pages, block, n_kv, D] of dtype().
+  size_t row_bytes() const { return kv_row_bytes(dtype_, head_dim_); }
+  size_t token_bytes() const { return row_bytes() * n_kv_; }  // one layer, K or V
+  // K / V storage of one layer: [n_pages, block, n_kv, row_bytes()].
   void* k(int layer) const { return k_[layer]; }
   void* v(int layer) const { return v_[layer]; }
 

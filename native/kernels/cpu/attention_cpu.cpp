@@ -2,7 +2,8 @@
 //
 // Exact (two-pass softmax in f32) so a turn served from cached pages gives the same logits
 // as a cold prefill. Every query head of the group reads each K/V row once: G heads share
-// the loads (GQA). f16 pages are widened a page at a time into a small f32 tile.
+// the loads (GQA). f16 and nvfp4 pages are widened a page at a time into a small f32 tile
+// (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu).
 #include <cmath>
 #include <cstring>
 
@@ -45,24 +46,35 @@ KV_CLONES static void accumulate_tile(const float* p, int G, int D, const float*
   }
 }
 
-void attention_query(const KvPool& pool, int layer, int g, const float* q, int G, int ctx,
-                     const int32_t* pages, float scale, float* out, float* work) {
-  const int B = pool.block(), D = pool.head_dim(), nkv = pool.n_kv();
-  const size_t row = static_cast<size_t>(nkv) * D;        // stride between tokens in a page
-  const size_t page_elems = static_cast<size_t>(B) * row;  // elements per page per layer
-  const bool f16 = pool.dtype() == KvDType::F16;
-  float* s = work;                  // [G, ctx] scores, then probabilities
-  float* tile = work + static_cast<size_t>(G) * ctx;  // [B, D] widened f16 rows
+// Widen n token rows of KV head g from a page into tile f32 [n, D].
+static void widen(const KvView& kv, const void* base, int page, int g, int n, float* tile) {
+  const size_t row = kv_row_bytes(kv.dtype, kv.D);
+  const uint8_t* p = static_cast<const uint8_t*>(base) + (size_t(page) * kv.block * kv.nkv + g) * row;
+  for (int t = 0; t < n; ++t, p += row * kv.nkv) {
+    if (kv.dtype == KvDType::F16)
+      f16_to_f32_row(reinterpret_cast<const uint16_t*>(p), tile + size_t(t) * kv.D, kv.D);
+    else
+      kv_nvfp4_decode_row(p, kv.D, tile + size_t(t) * kv.D);
+  }
+}
+
+void attention_query(const KvView& kv, int g, const float* q, int G, int ctx, float scale, float* out,
+                     float* work) {
+  const int B = kv.block, D = kv.D;
+  const size_t row = size_t(kv.nkv) * D;   // f32 stride between tokens in a page
+  const size_t page_elems = size_t(B) * row;
+  const bool f32 = kv.dtype == KvDType::F32;
+  float* s = work;                                   // [G, ctx] scores, then probabilities
+  float* tile = work + static_cast<size_t>(G) * ctx;  // [B, D] widened rows
 
   // ---- pass 1: scores ----
   for (int p0 = 0, pi = 0; p0 < ctx; p0 += B, ++pi) {
     const int n = ctx - p0 < B ? ctx - p0 : B;
-    const size_t base = static_cast<size_t>(pages[pi]) * page_elems + static_cast<size_t>(g) * D;
-    if (!f16) {
-      scores_tile(q, G, D, static_cast<const float*>(pool.k(layer)) + base, n, row, scale, s + p0, ctx);
+    if (f32) {
+      const size_t base = size_t(kv.pages[pi]) * page_elems + size_t(g) * D;
+      scores_tile(q, G, D, static_cast<const float*>(kv.k) + base, n, row, scale, s + p0, ctx);
     } else {
-      const uint16_t* k16 = static_cast<const uint16_t*>(pool.k(layer)) + base;
-      for (int t = 0; t < n; ++t) f16_to_f32_row(k16 + t * row, tile + t * D, D);
+      widen(kv, kv.k, kv.pages[pi], g, n, tile);
       scores_tile(q, G, D, tile, n, D, scale, s + p0, ctx);
     }
   }
@@ -83,12 +95,11 @@ void attention_query(const KvPool& pool, int layer, int g, const float* q, int G
   std::memset(out, 0, sizeof(float) * G * D);
   for (int p0 = 0, pi = 0; p0 < ctx; p0 += B, ++pi) {
     const int n = ctx - p0 < B ? ctx - p0 : B;
-    const size_t base = static_cast<size_t>(pages[pi]) * page_elems + static_cast<size_t>(g) * D;
-    if (!f16) {
-      accumulate_tile(s + p0, G, D, static_cast<const float*>(pool.v(layer)) + base, n, row, ctx, out);
+    if (f32) {
+      const size_t base = size_t(kv.pages[pi]) * page_elems + size_t(g) * D;
+      accumulate_tile(s + p0, G, D, static_cast<const float*>(kv.v) + base, n, row, ctx, out);
     } else {
-      const uint16_t* v16 = static_cast<const uint16_t*>(pool.v(layer)) + base;
-      for (int t = 0; t < n; ++t) f16_to_f32_row(v16 + t * row, tile + t * D, D);
+      widen(kv, kv.v, kv.pages[pi], g, n, tile);
       accumulate_tile(s + p0, G, D, tile, n, D, ctx, out);
     }
   }
