@@ -36,7 +36,10 @@ __all__ = ["FORMAT_VERSION", "CONVERTER_VERSION", "ModelSource", "write_format",
 
 FORMAT_VERSION = 1
 # Bump when the converter's output changes for the same source: forces `fetch` to rebuild.
-CONVERTER_VERSION = 1
+# 2: nvfp4/w4a8 scales by the "mse" recipe (models/quant; was "amax"), recorded in config.json.
+CONVERTER_VERSION = 2
+# Scale recipe of nvfp4/w4a8 linears (models.quant RECIPES); weights.recipe.scales records it.
+SCALE_RECIPE = "mse"
 
 # config.json keys (besides format_version/model/weights/source) a ModelSource must provide.
 CONFIG_KEYS = ("architecture", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -85,7 +88,8 @@ def _quantize(name: str, w: np.ndarray, fmt: str, recipe: dict[str, int]) -> dic
     from .quant import quantize_linear  # numpy codecs; imported lazily (only nvfp4/w4a8 need it)
 
     prefix = name[: -len("weight")]  # "model.layers.0.self_attn.q_proj."
-    out = quantize_linear(np.ascontiguousarray(w, dtype=np.float32), fmt, group=recipe["w4a8_group"])
+    out = quantize_linear(np.ascontiguousarray(w, dtype=np.float32), fmt, group=recipe["w4a8_group"],
+                          recipe=SCALE_RECIPE)
     return {prefix + k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
@@ -114,6 +118,11 @@ def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[
     return out
 
 
+def _recipe_record(fmt: str, recipe: dict[str, int]) -> dict[str, Any]:
+    """config.json's weights.recipe: the manifest recipe, plus "scales" for nvfp4/w4a8."""
+    return dict(recipe, scales=SCALE_RECIPE) if fmt in ("nvfp4", "w4a8") else dict(recipe)
+
+
 def build_config(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, Any]:
     """config.json contents, keys in the order of docs/ENGINE.md."""
     missing = [k for k in CONFIG_KEYS if k not in src.meta]
@@ -124,7 +133,7 @@ def build_config(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str
     for k in OPTIONAL_CONFIG_KEYS:
         if src.meta.get(k) is not None:
             cfg[k] = src.meta[k]
-    cfg["weights"] = {"format": fmt, "recipe": dict(recipe)}
+    cfg["weights"] = {"format": fmt, "recipe": _recipe_record(fmt, recipe)}
     cfg["source"] = dict(src.source, converter_version=CONVERTER_VERSION)
     return cfg
 
@@ -229,6 +238,6 @@ def folder_is_current(folder: str | Path, fmt: str, recipe: dict[str, int], sour
         return False
     src = cfg.get("source", {})
     return (cfg.get("weights", {}).get("format") == fmt
-            and cfg.get("weights", {}).get("recipe") == dict(recipe)
+            and cfg.get("weights", {}).get("recipe") == _recipe_record(fmt, recipe)
             and src.get("converter_version") == CONVERTER_VERSION
             and all(src.get(k) == v for k, v in source_match.items()))

@@ -17,8 +17,10 @@ __all__ = ["FORMATS", "quantize_linear", "dequantize_linear"]
 FORMATS = ("nvfp4", "w4a8", "f16", "f32")
 
 
-def quantize_linear(w, fmt: str, group: int | None = 32) -> dict[str, np.ndarray]:
+def quantize_linear(w, fmt: str, group: int | None = 32, recipe: str = "mse") -> dict[str, np.ndarray]:
     """f32 [N, K] weight -> safetensors entries by suffix.
+
+    recipe: scale recipe of nvfp4/w4a8, "mse" (default) or "amax" (see nvfp4.py / w4a8.py).
 
     nvfp4: {"weight.codes": u8 [N,Kp/2], "weight.scales": u8 [N,Kp/16], "weight.tscale": f32 [1]}
     w4a8:  {"weight.codes": u8 [N,Kp/2], "weight.scales": f16 [N,Kp/group]}  (group None/0: row-wise)
@@ -26,11 +28,11 @@ def quantize_linear(w, fmt: str, group: int | None = 32) -> dict[str, np.ndarray
     """
     w = np.ascontiguousarray(w, dtype=np.float32)  # w: f32 [N, K]
     if fmt == "nvfp4":
-        t = quantize_nvfp4(w)
+        t = quantize_nvfp4(w, recipe=recipe)
         return {"weight.codes": t.codes, "weight.scales": t.scales,
                 "weight.tscale": np.array([t.tscale], dtype=np.float32)}
     if fmt == "w4a8":
-        t = quantize_w4a8(w, group)
+        t = quantize_w4a8(w, group, recipe=recipe)
         return {"weight.codes": t.codes, "weight.scales": t.scales}
     if fmt == "f16":
         return {"weight": w.astype(np.float16)}

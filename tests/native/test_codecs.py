@@ -118,14 +118,20 @@ def weight_matrix(N: int, K: int, exp10: int, kind: str, seed: int) -> np.ndarra
 
 
 KINDS = st.sampled_from(["gauss", "cauchy", "zero_rows", "spike", "ties"])
+RECIPES = st.sampled_from(["mse", "amax", None])  # None: each side's default (mse)
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.integers(1, 9), st.integers(1, 100), st.integers(-40, 34), KINDS, st.integers(0, 2**32 - 1))
-def test_nvfp4_cpp_matches_numpy(N, K, exp10, kind, seed):
+def recipe_kw(recipe) -> dict:
+    return {} if recipe is None else {"recipe": recipe}
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 100), st.integers(-40, 34), KINDS, RECIPES,
+       st.integers(0, 2**32 - 1))
+def test_nvfp4_cpp_matches_numpy(N, K, exp10, kind, recipe, seed):
     w = weight_matrix(N, K, exp10, kind, seed)
-    ref = quantize_nvfp4(w)
-    codes, scales, tscale = F.nvfp4_quantize(w)
+    ref = quantize_nvfp4(w, **recipe_kw(recipe))
+    codes, scales, tscale = F.nvfp4_quantize(w, **recipe_kw(recipe))
     assert codes.dtype == np.uint8 and scales.dtype == np.uint8
     assert np.array_equal(codes, ref.codes)
     assert np.array_equal(scales, ref.scales)
@@ -135,10 +141,10 @@ def test_nvfp4_cpp_matches_numpy(N, K, exp10, kind, seed):
     assert d_cpp.shape == (N, K) and np.array_equal(d_cpp.view(np.uint32), d_np.view(np.uint32))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 100), st.integers(-8, 4), KINDS,
-       st.sampled_from([32, None, 0, 64]), st.integers(0, 2**32 - 1))
-def test_w4a8_cpp_matches_numpy(N, K, exp10, kind, group, seed):
+       st.sampled_from([32, None, 0, 64, 2, 16]), RECIPES, st.integers(0, 2**32 - 1))
+def test_w4a8_cpp_matches_numpy(N, K, exp10, kind, group, recipe, seed):
     w = weight_matrix(N, K, exp10, kind, seed)
     Kp = -(-K // 32) * 32
     if group == 64 and Kp % 64:
@@ -147,8 +153,8 @@ def test_w4a8_cpp_matches_numpy(N, K, exp10, kind, group, seed):
         with pytest.raises(ValueError):
             quantize_w4a8(w, 64)
         return
-    ref = quantize_w4a8(w, group)
-    codes, scales = F.w4a8_quantize(w, group)
+    ref = quantize_w4a8(w, group, **recipe_kw(recipe))
+    codes, scales = F.w4a8_quantize(w, group, **recipe_kw(recipe))
     assert codes.dtype == np.uint8 and scales.dtype == np.float16
     assert np.array_equal(codes, ref.codes)
     assert np.array_equal(scales.view(np.uint16), ref.scales.view(np.uint16))
@@ -157,14 +163,29 @@ def test_w4a8_cpp_matches_numpy(N, K, exp10, kind, group, seed):
     assert d_cpp.shape == (N, K) and np.array_equal(d_cpp.view(np.uint32), d_np.view(np.uint32))
 
 
-def test_tensor_codecs_larger_and_noncontiguous():
-    w = RNG.standard_normal((257, 1000)).astype(np.float32)[:, ::2]  # [257, 500], strided
-    ref = quantize_nvfp4(w)
-    codes, scales, tscale = F.nvfp4_quantize(w)
+@pytest.mark.parametrize("recipe", ["mse", "amax"])
+def test_tensor_codecs_larger_and_noncontiguous(recipe):
+    w = RNG.standard_normal((1100, 1000)).astype(np.float32)[:, ::2]  # [1100, 500], strided
+    w[3, 40:72] = 0                                                  # zero groups / blocks
+    w[5, 7] = 1e3                                                    # a spike (row-wise scale)
+    ref = quantize_nvfp4(w, recipe=recipe)                           # > 1 numpy row chunk
+    codes, scales, tscale = F.nvfp4_quantize(w, recipe=recipe)
     assert np.array_equal(codes, ref.codes) and np.array_equal(scales, ref.scales)
-    rw = quantize_w4a8(w)
-    c2, s2 = F.w4a8_quantize(w)
-    assert np.array_equal(c2, rw.codes) and np.array_equal(s2.view(np.uint16), rw.scales.view(np.uint16))
+    for group in (32, None):
+        rw = quantize_w4a8(w, group, recipe=recipe)
+        c2, s2 = F.w4a8_quantize(w, group, recipe=recipe)
+        assert np.array_equal(c2, rw.codes) and np.array_equal(s2.view(np.uint16), rw.scales.view(np.uint16))
+
+
+def test_recipes_differ_and_unknown_recipe_raises():
+    w = RNG.standard_normal((16, 64)).astype(np.float32)
+    assert not np.array_equal(F.nvfp4_quantize(w, recipe="mse")[1], F.nvfp4_quantize(w, recipe="amax")[1])
+    assert np.array_equal(F.nvfp4_quantize(w)[1], F.nvfp4_quantize(w, recipe="mse")[1])
+    assert not np.array_equal(F.w4a8_quantize(w, recipe="mse")[1], F.w4a8_quantize(w, recipe="amax")[1])
+    for fn in (lambda: F.nvfp4_quantize(w, recipe="best"), lambda: F.w4a8_quantize(w, recipe="best"),
+               lambda: quantize_nvfp4(w, recipe="best"), lambda: quantize_w4a8(w, recipe="best")):
+        with pytest.raises(ValueError):
+            fn()
 
 
 def test_tensor_codec_shape_errors():

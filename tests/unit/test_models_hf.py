@@ -123,7 +123,8 @@ def test_bf16_sharded_tied_and_quantised(tmp_path):
         else:
             assert t["lm_head.weight.scales"].dtype == np.float16
             assert t["lm_head.weight.scales"].shape == (N, K // 32)
-        assert _cfg(out / "tiny" / fmt)["weights"] == {"format": fmt, "recipe": {"nvfp4_block": 16, "w4a8_group": 32}}
+        assert _cfg(out / "tiny" / fmt)["weights"] == {"format": fmt, "recipe": {"nvfp4_block": 16, "w4a8_group": 32,
+                                                                                 "scales": "mse"}}
     assert [f.name for f in folders] == ["f32", "f16", "nvfp4", "w4a8"]
 
 
