@@ -29,7 +29,7 @@ $(VENV)/.venv:
 # Build tools and runtime + conversion dependencies (no torch).
 $(VENV)/.deps: $(VENV)/.venv pyproject.toml
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.13" ninja cmake
-	$(PIP) install -q numpy safetensors tokenizers orjson "gguf>=0.10" "jinja2>=3"
+	$(PIP) install -q numpy safetensors tokenizers orjson "llguidance>=1.0" psutil "gguf>=0.10" "jinja2>=3"
 	touch $@
 
 # Tests and references: torch 2.13.0 (CPU build from local disk), transformers, hypothesis.

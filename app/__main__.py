@@ -1,7 +1,11 @@
 """The composition root: `kvdeck` and its subcommands.
 
     kvdeck chat                 a plain terminal chat with the local model
-    kvdeck run [--json] PROMPT  one answer; --json prints the ledger and reply as one JSON line
+    kvdeck run [--json] [--tool-choice auto|required|none|NAME] TASK
+                                one agent turn (tools, constrained calls); --json prints one JSON
+                                line per engine call (the ledger) and per tool call
+    kvdeck check-prefix --task FILE [--min-reuse 0.8]
+                                a scripted multi-turn task; non-zero exit when prefix reuse is short
     kvdeck models ...           fetch / convert models (the offline pipeline in models/)
     kvdeck bench kernels|cpu    benchmarks
 """
@@ -41,10 +45,69 @@ def _sampling(args):
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
+def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = None):
+    """The composition root of the agent: settings → tools (built-ins + the tools folder) → Agent."""
+    import tools
+    from app.agent import Agent, AgentLimits, Toolkit, load_tools_dir
+    from app.config import load_settings
+
+    s = load_settings().agent
+    tools.configure(workspace=s.workspace, notes_dir=s.notes_dir or None)
+    fns = tools.builtin_tools() + (load_tools_dir(s.tools_dir) if s.tools_dir else [])
+    limits = AgentLimits(max_steps=s.max_steps, max_tokens=min(args.max_tokens, s.max_tokens),
+                         follow_up=follow_up or s.follow_up)
+    kit = Toolkit(fns, timeout_s=s.tool_timeout_s)
+    return Agent(eng, kit, limits=limits, sampling=_sampling(args), system_timestamp=system_timestamp)
+
+
+def _event_line(ev, called: dict) -> dict | None:
+    """The --json line for an event (None for the ones not printed: token deltas, starts)."""
+    from app.events import EngineCallFinished, PrefixBreak, PromptLinted, ToolCalled, ToolReturned, TurnFailed, TurnFinished
+
+    if isinstance(ev, ToolCalled):
+        called[ev.call_id] = ev
+        return None
+    if isinstance(ev, ToolReturned):
+        c = called.get(ev.call_id)
+        return {"event": "tool_call", "turn": ev.turn, "id": ev.call_id, "name": ev.name,
+                "arguments": c.arguments if c else None, "ok": ev.ok, "result": ev.content,
+                "elapsed_s": round(ev.elapsed_s, 4)}
+    if isinstance(ev, EngineCallFinished):
+        return {"event": "engine_call"} | {k: v for k, v in ev.as_dict().items() if k != "event"}
+    if isinstance(ev, (PrefixBreak, PromptLinted, TurnFinished, TurnFailed)):
+        return ev.as_dict()
+    return None
+
+
 def cmd_run(args) -> int:
     from app.engine.chat_format import Message, chat_format_for
+    from app.events import TokenDelta, ToolCalled, ToolReturned, TurnFailed
 
     eng = _load(args)
+    if not args.no_tools:
+        agent = _agent(args, eng)
+        called: dict = {}
+        failed = False
+        for ev in agent.run_turn(args.prompt, args.tool_choice):
+            failed |= isinstance(ev, TurnFailed)
+            if args.json:
+                line = _event_line(ev, called)
+                if line is not None:
+                    sys.stdout.write(orjson.dumps(line, default=str).decode() + "\n")
+                    sys.stdout.flush()
+            elif isinstance(ev, TokenDelta):
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            elif isinstance(ev, ToolCalled):
+                sys.stdout.write("\n")
+                sys.stderr.write(f"[tool {ev.name or '?'} {orjson.dumps(ev.arguments).decode()}]\n")
+            elif isinstance(ev, ToolReturned):
+                sys.stderr.write(f"[{'ok' if ev.ok else 'error'} {ev.content[:200]}]\n")
+            elif isinstance(ev, TurnFailed):
+                sys.stderr.write(f"kvdeck: turn failed: {ev.error}\n")
+        if not args.json:
+            sys.stdout.write("\n")
+        return 1 if failed else 0
     fmt = chat_format_for(eng.config.chat_format, eng.tokenizer)
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     gen = eng.generate(fmt.prompt_ids(messages), _sampling(args), max_tokens=args.max_tokens)
@@ -75,6 +138,20 @@ def _stream(eng, gen) -> None:
         f"[{st.prompt_tokens} prompt tok, ttft {st.ttft_s * 1000:.0f} ms, "
         f"{st.decode_tokens} tok at {st.decode_tok_s:.1f} tok/s, {st.weight_format}/{st.kv_format}, {st.finish_reason}]\n"
     )
+
+
+def cmd_check_prefix(args) -> int:
+    from app.agent.tasks import format_report, gate_passes, load_task, run_task
+
+    task = load_task(args.task)
+    eng = _load(args)
+    agent = _agent(args, eng, system_timestamp=task.system_timestamp or args.system_timestamp, follow_up=task.follow_up)
+    report = run_task(agent, task)
+    for line in format_report(task, report, args.min_reuse, args.gate):
+        print(line)
+    ok, verdict = gate_passes(report, args.min_reuse, args.gate)
+    print(verdict)
+    return 0 if ok else 1
 
 
 def cmd_chat(args) -> int:
@@ -121,8 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     _engine_args(p_chat)
     p_run = sub.add_parser("run", help="one answer to PROMPT")
     _engine_args(p_run)
-    p_run.add_argument("--json", action="store_true", help="print one JSON line: the ledger and the reply")
+    p_run.add_argument("--json", action="store_true", help="one JSON line per engine call (the ledger) and per tool call")
+    p_run.add_argument("--tool-choice", default="auto", help="auto | required | none | a tool's name (default auto)")
+    p_run.add_argument("--no-tools", action="store_true", help="a plain answer from the model, without the agent")
     p_run.add_argument("prompt")
+    p_chk = sub.add_parser("check-prefix", help="run a scripted agent task; fail when prefix reuse is short")
+    _engine_args(p_chk)
+    p_chk.add_argument("--task", required=True, help="a task file (TOML or JSON), e.g. assets/tasks/seed000.toml")
+    p_chk.add_argument("--min-reuse", type=float, default=0.8, help="the bar for cumulative reuse (default 0.8)")
+    p_chk.add_argument("--gate", choices=["engine", "tokens"], default="engine",
+                       help="engine: the engine's cached_tokens (default); tokens: the detector's reusable figure")
+    p_chk.add_argument("--system-timestamp", action="store_true", help="put the time in the system prompt (the bug)")
     sub.add_parser("models", help="fetch / convert models (kvdeck models --help)")
     sub.add_parser("bench", help="benchmarks (kvdeck bench --help)")
     args = parser.parse_args(argv)
@@ -132,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.engine import EngineError
 
     try:
-        return {"chat": cmd_chat, "run": cmd_run}[args.cmd](args)
+        return {"chat": cmd_chat, "run": cmd_run, "check-prefix": cmd_check_prefix}[args.cmd](args)
     except (EngineError, ConfigError, ValueError) as e:
         sys.stderr.write(f"kvdeck: error: {e}\n")
         return 2

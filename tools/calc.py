@@ -42,14 +42,14 @@ def _eval(node: ast.AST) -> float:
     raise ValueError(f"not arithmetic: {ast.dump(node)[:60]}")
 
 
-def calculate(expression: Annotated[str, {"maxLength": 200}]) -> dict:
+def calculate(expression: Annotated[str, {"maxLength": 64}]) -> dict:
     """Evaluate an arithmetic expression (+ - * / // % **, parentheses, sqrt, log, exp, min, max, pi).
 
     Args:
         expression: the expression, e.g. "(12.5 * 3) / 4"
     """
-    if len(expression) > 200:
-        raise ValueError("expression longer than 200 characters")
+    if len(expression) > 64:
+        raise ValueError("expression longer than 64 characters")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:

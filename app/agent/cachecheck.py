@@ -30,7 +30,10 @@ def floor_page(n: int, page: int = PAGE) -> int:
 
 def engine_reports_cache(stats) -> bool:
     """True once the engine's CallStats carries the prefix-cache ledger (reuse, new/waste tokens)."""
-    return stats is not None and hasattr(stats, "reuse")
+    if stats is None:
+        return False
+    fields = getattr(type(stats), "__dataclass_fields__", {})
+    return "reuse" in fields or hasattr(stats, "reuse")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -73,6 +76,7 @@ class PrefixDetector:
         self.page = page
         self.context = context
         self.prev_ids: list[int] = []
+        self.prev_cacheable = 0
         self.prev_segments: list[Segment] = []
 
     def check(self, ids: list[int], segments: list[Segment]) -> PrefixCheck:
@@ -82,8 +86,8 @@ class PrefixDetector:
             return PrefixCheck(n, 0, 0, 0, 0, False)
         lcp = common_prefix(prev, ids)
         limit = n - 1  # the engine computes at least the last prompt token
-        promised = floor_page(min(len(prev), limit), self.page)
-        reusable = floor_page(min(lcp, limit), self.page)
+        promised = floor_page(min(self.prev_cacheable, limit), self.page)
+        reusable = floor_page(min(lcp, self.prev_cacheable, limit), self.page)
         broken = lcp < len(prev) and lcp < n
         if not broken:
             return PrefixCheck(n, len(prev), lcp, promised, reusable, False)
@@ -99,9 +103,14 @@ class PrefixDetector:
             changed_segments=changed,
         )
 
-    def record(self, ids: list[int], segments: list[Segment], output: list[int]) -> None:
-        """After a call: its prompt + output is what the next call should extend."""
+    def record(self, ids: list[int], segments: list[Segment], output: list[int], finish_reason: str = "stop") -> None:
+        """After a call: its prompt + output is what the next call should extend.
+
+        A reply cut at max_tokens ("length") never ran its last token through the model, so the
+        cache can hold one token less than prompt + output.
+        """
         self.prev_ids = list(ids) + list(output)
+        self.prev_cacheable = len(self.prev_ids) - (1 if finish_reason == "length" and output else 0)
         self.prev_segments = list(segments)
 
     def shortfall(self, check: PrefixCheck, stats) -> int | None:

@@ -174,7 +174,8 @@ class TriggeredConstraint:
 
 
 class RepetitionGuard:
-    """Ends a free reply once it repeats a line it already wrote (small models loop under greedy).
+    """Ends a free reply once it repeats a line it already wrote, or loops on a short token pattern
+    (small models loop under greedy decoding).
 
     Wraps another constraint (or none); the reply keeps the tokens generated so far, so the
     conversation still extends the engine's prompt + output token for token.
@@ -194,11 +195,25 @@ class RepetitionGuard:
         if self.inner is not None:
             self.inner.advance(token)
         self.tokens.append(int(token))
-        if getattr(self.inner, "triggered", False) or self.tokenizer.id_to_token(int(token)) not in ("Ċ", "\n", "ĊĊ"):
+        if getattr(self.inner, "triggered", False):
+            return
+        if self._looping():
+            self.repeated = True
+            return
+        if self.tokenizer.id_to_token(int(token)) not in ("Ċ", "\n", "ĊĊ"):
             return
         lines = [ln.strip() for ln in self.tokenizer.decode(self.tokens).split("\n")]
         done = [ln for ln in lines[:-1] if len(ln) >= self.min_chars]
         self.repeated = len(done) != len(set(done))
+
+    def _looping(self, reps: int = 4, max_period: int = 12) -> bool:
+        """The last tokens are one short pattern (period <= max_period) repeated `reps` times."""
+        t = self.tokens
+        for p in range(1, max_period + 1):
+            n = p * reps
+            if len(t) >= n and t[-n:] == t[-p:] * reps:
+                return True
+        return False
 
     def done(self) -> bool:
         return self.repeated or (self.inner is not None and self.inner.done())

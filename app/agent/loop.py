@@ -8,7 +8,7 @@ Per user turn, at most `max_steps` engine calls: each call sends the whole canon
 (token ids, appended to, never re-rendered); a reply that is a tool call is executed through the
 toolkit (errors go back to the model as tool results) and the loop calls the engine again; a
 plain reply ends the turn. A forced tool_choice (required / a tool's name) applies to the first
-call of the turn, then "auto"; the last allowed step is "none", so every turn ends in an answer.
+call of the turn, then `follow_up` ("auto" by default); the last allowed step is "none", so every turn ends in an answer.
 
 Imports: app.engine and app.events only (never the store, the UI or textual).
 """
@@ -46,6 +46,7 @@ class AgentLimits:
     max_steps: int = 4  # engine calls per user turn
     max_tokens: int = 200  # tokens per free reply
     call_max_tokens: int = 160  # tokens per constrained tool call
+    follow_up: str = "auto"  # tool_choice after a tool result ("none": answer from it; small models loop on auto)
 
 
 class Agent:
@@ -177,7 +178,7 @@ class Agent:
                 return
             out = list(gen.tokens)
             stats = gen.stats
-            self.detector.record(ids, segs, out)
+            self.detector.record(ids, segs, out, stats.finish_reason)
             yield EngineCallFinished(turn, self.call_index, stats, check.reusable_tokens, len(out), eff)
             cached = getattr(stats, "cached_tokens", 0)
             if check.broken:
@@ -197,5 +198,5 @@ class Agent:
                 return
             n_tools += 1
             yield from self.execute(reply, turn, f"call_{turn}_{n_tools}")
-            choice = "auto"
+            choice = self.limits.follow_up
         yield TurnFailed(turn, "no answer within max_steps")  # unreachable: the last step is "none"
