@@ -140,13 +140,29 @@ def _stream(eng, gen) -> None:
     )
 
 
+def _transcript(ev) -> None:
+    """--transcript: the conversation as it runs (user, tool calls and results, answers)."""
+    from app.events import ToolCalled, ToolReturned, TurnFailed, TurnFinished, TurnStarted
+
+    if isinstance(ev, TurnStarted):
+        print(f"--- turn {ev.turn} [{ev.tool_choice}] user: {ev.user_text}")
+    elif isinstance(ev, ToolCalled):
+        print(f"    call: {ev.raw}")
+    elif isinstance(ev, ToolReturned):
+        print(f"    {'result' if ev.ok else 'error'}: {ev.content[:240]}")
+    elif isinstance(ev, TurnFinished):
+        print(f"    answer: {ev.answer[:400]}")
+    elif isinstance(ev, TurnFailed):
+        print(f"    failed: {ev.error}")
+
+
 def cmd_check_prefix(args) -> int:
     from app.agent.tasks import format_report, gate_passes, load_task, run_task
 
     task = load_task(args.task)
     eng = _load(args)
     agent = _agent(args, eng, system_timestamp=task.system_timestamp or args.system_timestamp, follow_up=task.follow_up)
-    report = run_task(agent, task)
+    report = run_task(agent, task, _transcript if args.transcript else None)
     for line in format_report(task, report, args.min_reuse, args.gate):
         print(line)
     ok, verdict = gate_passes(report, args.min_reuse, args.gate)
@@ -209,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p_chk.add_argument("--gate", choices=["engine", "tokens"], default="engine",
                        help="engine: the engine's cached_tokens (default); tokens: the detector's reusable figure")
     p_chk.add_argument("--system-timestamp", action="store_true", help="put the time in the system prompt (the bug)")
+    p_chk.add_argument("--transcript", action="store_true", help="print the conversation as it runs")
     sub.add_parser("models", help="fetch / convert models (kvdeck models --help)")
     sub.add_parser("bench", help="benchmarks (kvdeck bench --help)")
     args = parser.parse_args(argv)
