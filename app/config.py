@@ -15,7 +15,8 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     max_steps = 4             # engine calls per user turn
     tool_timeout_s = 10.0     # a tool call running longer returns a timeout error to the model
     max_tokens = 200          # tokens per free reply
-    follow_up = "auto"        # tool_choice after a tool result ("none" suits a 135M model)
+    follow_up = "none"        # tool_choice after a tool result: "none" answers from it (the 135M default
+                              # model loops on "auto"); "auto" lets a larger model chain tools
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class AgentSettings:
     max_steps: int = 4
     tool_timeout_s: float = 10.0
     max_tokens: int = 200
-    follow_up: str = "auto"
+    follow_up: str = "none"
 
 
 @dataclass(frozen=True)

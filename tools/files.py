@@ -25,7 +25,7 @@ def _inside(path: str) -> Path:
     return full
 
 
-def read_file(path: Annotated[str, {"maxLength": 200}], max_chars: int = 2000) -> dict:
+def read_file(path: Annotated[str, {"maxLength": 200}], max_chars: Annotated[int, {"minimum": 1, "maximum": 20000}] = 2000) -> dict:
     """Read a text file from the workspace folder.
 
     Args:

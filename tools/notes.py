@@ -44,7 +44,7 @@ def _open_index() -> sqlite3.Connection:
     return db
 
 
-def search_notes(query: Annotated[str, {"maxLength": 120}], limit: int = 2) -> dict:
+def search_notes(query: Annotated[str, {"maxLength": 120}], limit: Annotated[int, {"minimum": 1, "maximum": 5}] = 2) -> dict:
     """Search the local knowledge base of device-operations notes; returns the best matches.
 
     Args:

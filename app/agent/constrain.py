@@ -181,15 +181,18 @@ class RepetitionGuard:
     conversation still extends the engine's prompt + output token for token.
     """
 
-    def __init__(self, tokenizer, inner=None, min_chars: int = 16):
+    def __init__(self, tokenizer, inner=None, min_chars: int = 16, first_mask: np.ndarray | None = None):
         self.tokenizer = tokenizer
         self.inner = inner
+        self.first_mask = first_mask  # bool [vocab]: allowed first tokens (tool_choice "none": no call opener)
         self.min_chars = min_chars
         self.tokens: list[int] = []
         self.repeated = False
 
     def allowed(self):
-        return None if self.inner is None else self.inner.allowed()
+        if self.inner is None:
+            return self.first_mask if not self.tokens else None
+        return self.inner.allowed()
 
     def advance(self, token: int) -> None:
         if self.inner is not None:
@@ -217,3 +220,14 @@ class RepetitionGuard:
 
     def done(self) -> bool:
         return self.repeated or (self.inner is not None and self.inner.done())
+
+
+def no_opener_mask(tokenizer, vocab_size: int, opener: str) -> np.ndarray | None:
+    """bool [vocab]: tokens that do not start the call opener (a reply under tool_choice "none")."""
+    core = (opener or "{").strip()
+    mask = np.ones(vocab_size, dtype=bool)
+    for tid in range(min(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))):
+        text = tokenizer.decode([tid], skip_special_tokens=False).lstrip()
+        if text and (core.startswith(text) or text.startswith(core[:1])):
+            mask[tid] = False
+    return mask

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.agent.cachecheck import PrefixDetector, lint_prompt, segment_at
-from app.agent.constrain import GrammarConstraint, RepetitionGuard, TriggeredConstraint, call_grammar, ll_tokenizer
+from app.agent.constrain import (GrammarConstraint, RepetitionGuard, TriggeredConstraint, call_grammar, ll_tokenizer,
+                                 no_opener_mask)
 from app.agent.parse import CallParseError, parse_call, split_call, call_format_for
 from app.agent.prompt import SYSTEM_PROMPT, CanonicalPrompt
 from app.agent.toolkit import Toolkit, ToolResult
@@ -84,6 +85,7 @@ class Agent:
         self.turn = 0
         self.call_index = 0
         self._llt = None
+        self._no_opener = None
         self._grammars: dict[str, str] = {}
 
     # ---- helpers ------------------------------------------------------------------------
@@ -110,7 +112,9 @@ class Agent:
     def constraint(self, choice: str):
         """The TokenConstraint for a tool_choice: the call grammar, or a repetition guard for free text."""
         if choice == "none" or not self.toolkit.tools:
-            return RepetitionGuard(self.engine.tokenizer)
+            if self._no_opener is None:
+                self._no_opener = no_opener_mask(self.engine.tokenizer, self.engine.config.vocab_size, self.calls.opener)
+            return RepetitionGuard(self.engine.tokenizer, first_mask=self._no_opener)
         if choice not in ("auto", "required") and choice not in self.toolkit.tools:
             raise ValueError(f"tool_choice {choice!r}: no such tool (auto, required, none, {', '.join(self.toolkit.names)})")
         cfg = self.engine.config

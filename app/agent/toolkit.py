@@ -173,6 +173,8 @@ def validate(value, schema: dict, where: str = "arguments") -> None:
     }.get(kind, lambda v: True)
     if not ok(value):
         raise ValueError(f"{where}: expected {kind}, got {type(value).__name__}")
+    if kind in ("integer", "number") and not schema.get("minimum", value) <= value <= schema.get("maximum", value):
+        raise ValueError(f"{where}: {value} is outside [{schema.get('minimum', '-inf')}, {schema.get('maximum', 'inf')}]")
     if "enum" in schema and value not in schema["enum"]:
         raise ValueError(f"{where}: {value!r} is not one of {schema['enum']}")
     if kind == "string" and len(value) > schema.get("maxLength", 1 << 30):
