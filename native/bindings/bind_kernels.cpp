@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "kvdeck/kernels.h"
+#include "kvdeck/ops_cpu.h"
 
 namespace py = pybind11;
 using namespace kvdeck;
@@ -134,6 +137,43 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
   return y;
 }
 
+// out f32 [G, D]: attention of one query (G heads of KV head g) over ctx tokens of pages
+// k, v (f32 or f16 [n_pages, block, nkv, D], pages i32 [ceil(ctx/block)]); ref: the portable
+// kernel instead of the dispatched one; split: segments computed apart and combined (decode).
+py::array_t<float> py_attention(const py::array& q, const py::array& k, const py::array& v,
+                                const Arr<int32_t>& pages, int g, int ctx, bool ref) {
+  require(q.ndim() == 2 && k.ndim() == 4 && v.ndim() == 4, "q [G, D], k/v [n_pages, block, nkv, D]");
+  const bool f16 = k.dtype().is(py::dtype("float16"));
+  require(f16 || k.dtype().is(py::dtype::of<float>()), "k, v must be f32 or f16");
+  require(k.dtype().is(v.dtype()) && k.request().shape == v.request().shape, "k and v must match");
+  auto qf = Arr<float>::ensure(q);
+  const int G = int(qf.shape(0)), D = int(qf.shape(1)), block = int(k.shape(1)), nkv = int(k.shape(2));
+  require(int(k.shape(3)) == D && 0 <= g && g < nkv && ctx >= 1 &&
+              int(pages.size()) >= (ctx + block - 1) / block,
+          "shapes: D, g < nkv, pages cover ctx");
+  auto kc = py::array::ensure(k, py::array::c_style), vc = py::array::ensure(v, py::array::c_style);
+  for (int i = 0; i < int(pages.size()); ++i)
+    require(0 <= pages.data()[i] && pages.data()[i] < k.shape(0), "page index out of range");
+  cpu::KvView kv{kc.data(), vc.data(), f16 ? KvDType::F16 : KvDType::F32, block, nkv, D, pages.data()};
+  py::array_t<float> out({G, D});
+  {
+    py::gil_scoped_release nogil;
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> work(cpu::attention_work_floats(G, ctx, block, D));
+    if (!ref) {
+      cpu::attention_query(kv, g, qf.data(), G, ctx, scale, out.mutable_data(), work.data());
+    } else {
+      const int seg = cpu::attn_segment(block), S = (ctx + seg - 1) / seg;
+      float *o = work.data(), *mm = o + size_t(S) * G * D, *l = mm + size_t(S) * G, *tile = l + size_t(S) * G;
+      for (int s = 0; s < S; ++s)
+        cpu::attention_segment_ref(kv, g, qf.data(), G, s * seg, std::min(ctx, (s + 1) * seg), scale,
+                                   o + size_t(s) * G * D, mm + s * G, l + s * G, tile);
+      cpu::attention_combine(o, mm, l, S, G, D, out.mutable_data());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_kernels(py::module_& m) {
@@ -145,6 +185,10 @@ void bind_kernels(py::module_& m) {
         py::arg("n1") = py::none(), py::arg("ldy") = py::none(), py::arg("repeat") = 1,
         "y[m, n] = sum_k x[m,k] W[n,k] for n in [n0, n1): f32 [M, ldy], other columns 0.\n"
         "dtype f32|f16|nvfp4|w4a8; quantised formats quantise x with quantize_act_q8.");
+  k.def("attention", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("pages"),
+        py::kw_only(), py::arg("g") = 0, py::arg("ctx"), py::arg("ref") = false,
+        "Causal attention of one query (q f32 [G, D], the heads of KV head g) over ctx tokens of\n"
+        "paged k, v (f32|f16 [n_pages, block, nkv, D]); ref=True runs the portable kernel.");
   k.def("kernel_isa", []() { return std::string(kernel_isa()); });
   k.def("set_kernel_isa", [](const std::string& name) { return set_kernel_isa(name.c_str()); },
         py::arg("name"));

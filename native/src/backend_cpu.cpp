@@ -157,11 +157,35 @@ class CpuBackend final : public Backend {
       kv = cpu::KvView{workspace_.data(), workspace_.data() + n_pages * page_floats, KvDType::F32,
                        pool.block(), nkv, D, ws_pages_.data()};
     }
+    const int seg = cpu::attn_segment(pool.block()), S = (ctx + seg - 1) / seg;
+    if (M == 1 && S > 1) {
+      // Decode over a long context: (KV head, segment) tasks keep every thread busy; the
+      // partials are combined in segment order, as attention_query does.
+      part_.resize(size_t(nkv) * S * G * (D + 2));
+      float* po = part_.data();                  // [nkv, S, G, D]
+      float* pm = po + size_t(nkv) * S * G * D;  // [nkv, S, G]
+      float* pl = pm + size_t(nkv) * S * G;      // [nkv, S, G]
+      const int T = std::min(threads_, nkv * S);
+#pragma omp parallel num_threads(T)
+      {
+        std::vector<float> tile(2 * size_t(pool.block()) * D);
+#pragma omp for schedule(static)
+        for (int task = 0; task < nkv * S; ++task) {
+          const int g = task / S, s = task % S, t0 = s * seg, t1 = std::min(ctx, t0 + seg);
+          cpu::attention_segment(kv, g, q + size_t(g) * G * D, G, t0, t1, scale, po + size_t(task) * G * D,
+                                 pm + size_t(task) * G, pl + size_t(task) * G, tile.data());
+        }
+      }
+      for (int g = 0; g < nkv; ++g)
+        cpu::attention_combine(po + size_t(g) * S * G * D, pm + size_t(g) * S * G, pl + size_t(g) * S * G, S,
+                               G, D, out + size_t(g) * G * D);
+      return;
+    }
     const int tasks = M * nkv;
     const int T = std::min(threads_, tasks);
 #pragma omp parallel num_threads(T)
     {
-      std::vector<float> work(static_cast<size_t>(G) * ctx + 2 * pool.block() * D);
+      std::vector<float> work(cpu::attention_work_floats(G, ctx, pool.block(), D));
       // Later queries see more context: interleave them across threads.
 #pragma omp for schedule(dynamic, 1)
       for (int task = 0; task < tasks; ++task) {
@@ -193,6 +217,7 @@ class CpuBackend final : public Backend {
   int threads_;
   std::vector<float> workspace_;   // nvfp4 prefill: dequantised K,V of one layer's context
   std::vector<int32_t> ws_pages_;  // identity page table into workspace_
+  std::vector<float> part_;        // decode: per (KV head, segment) partials, see attention()
 };
 
 }  // namespace

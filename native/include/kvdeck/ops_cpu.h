@@ -34,13 +34,38 @@ struct KvView {
   const int32_t* pages = nullptr;  // [ceil(ctx/block)] page table
 };
 
-// Causal attention for one query token and one KV head group.
+// Keys per context segment. Attention runs an online softmax over each segment (a page at a
+// time) and combines the segments' partials in order; decode spreads the segments of a long
+// context over threads. Every path uses the same segments and order, so a query's result
+// does not depend on how the work was split (decode == prefill, cached == cold).
+constexpr int kAttnSegment = 256;
+// The segment length for a pool: kAttnSegment rounded up to whole pages.
+inline int attn_segment(int block) { return (kAttnSegment + block - 1) / block * block; }
+
+// One segment [t0, t1) of a query's context (t0 a multiple of attn_segment(block)):
+//   o[h] = Σ_t e^(s_t - m[h]) v_t,  m[h] = max_t s_t,  l[h] = Σ_t e^(s_t - m[h]),  s_t = scale q[h]·k_t
+//   q: f32 [G, D]; o: f32 [G, D]; m, l: f32 [G]; tile: f32 scratch [2, block, D]
+void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
+                       float* o, float* m, float* l, float* tile);
+// The reference (portable) version of attention_segment, also the non-x86 path.
+void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
+                           float* o, float* m, float* l, float* tile);
+// out[h] = Σ_s e^(m_s[h] - M) o_s[h] / Σ_s e^(m_s[h] - M) l_s[h], M = max_s m_s[h]; s = 0..S-1 in order.
+//   o: f32 [S, G, D]; m, l: f32 [S, G]; out: f32 [G, D]
+void attention_combine(const float* o, const float* m, const float* l, int S, int G, int D, float* out);
+
+// Causal attention for one query token and one KV head group: attention_segment over each
+// segment of [0, ctx), then attention_combine.
 //   q   : f32 [G, D]   the G = nh/nkv query heads that share KV head g, already roped
 //   ctx : tokens visible to this query (its position + 1)
 //   out : f32 [G, D] (row stride D)
-//   work: f32 scratch of at least G*ctx + 2*block*D floats
+//   work: f32 scratch of at least attention_work_floats(G, ctx, block, D) floats
 // f16 and nvfp4 rows are widened a page at a time inside the kernel.
 void attention_query(const KvView& kv, int g, const float* q, int G, int ctx, float scale, float* out,
                      float* work);
+inline size_t attention_work_floats(int G, int ctx, int block, int D) {
+  const size_t S = (ctx + attn_segment(block) - 1) / attn_segment(block);
+  return S * G * (D + 2) + 2 * size_t(block) * D;
+}
 
 }  // namespace kvdeck::cpu

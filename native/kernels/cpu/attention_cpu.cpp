@@ -1,12 +1,15 @@
 // Causal attention over the paged KV pool, one query token × one KV head group at a time.
 //
-// Exact (two-pass softmax in f32) so a turn served from cached pages gives the same logits
-// as a cold prefill. Every query head of the group reads each K/V row once: G heads share
-// the loads (GQA). f16 and nvfp4 pages are widened a page at a time into a small f32 tile
+// Exact f32 online softmax over fixed context segments (ops_cpu.h: kAttnSegment) combined in
+// order, so a turn served from cached pages gives the same logits as a cold prefill and a
+// decode split over threads the same as one thread. Every query head of the group reads
+// each K/V row once: G heads share the loads (GQA). f16 and nvfp4 pages are widened a page at a time into a small f32 tile
 // (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu).
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/kernels_impl.h"
+#include "kvdeck/kernels.h"
 #include "kvdeck/ops_cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -58,51 +61,89 @@ static void widen(const KvView& kv, const void* base, int page, int g, int n, fl
   }
 }
 
-void attention_query(const KvView& kv, int g, const float* q, int G, int ctx, float scale, float* out,
-                     float* work) {
+// Online softmax over the pages of [t0, t1), the reference order that attention_avx2.cpp
+// follows: per page and head, scores, running max / sum update, o = o·alpha + Σ p_t v_t.
+void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
+                           float* o, float* m, float* l, float* tile) {
   const int B = kv.block, D = kv.D;
-  const size_t row = size_t(kv.nkv) * D;   // f32 stride between tokens in a page
+  const size_t row = size_t(kv.nkv) * D;  // f32 stride between tokens in a page
   const size_t page_elems = size_t(B) * row;
   const bool f32 = kv.dtype == KvDType::F32;
-  float* s = work;                                   // [G, ctx] scores, then probabilities
-  float* tile = work + static_cast<size_t>(G) * ctx;  // [B, D] widened rows
+  float* ktile = tile;                  // [B, D] widened rows
+  float* vtile = tile + size_t(B) * D;  // [B, D]
+  float p[256];                         // one page's probabilities (block <= 256)
+  for (int h = 0; h < G; ++h) m[h] = -INFINITY, l[h] = 0.0f;
+  std::memset(o, 0, sizeof(float) * G * D);
+  for (int ps = t0; ps < t1; ps += B) {
+    const int n = t1 - ps < B ? t1 - ps : B;
+    const int page = kv.pages[ps / B];
+    const float *K = ktile, *V = vtile;
+    size_t stride = D;
+    if (f32) {
+      K = static_cast<const float*>(kv.k) + size_t(page) * page_elems + size_t(g) * D;
+      V = static_cast<const float*>(kv.v) + size_t(page) * page_elems + size_t(g) * D;
+      stride = row;
+    } else {
+      widen(kv, kv.k, page, g, n, ktile);
+      widen(kv, kv.v, page, g, n, vtile);
+    }
+    for (int h = 0; h < G; ++h) {
+      scores_tile(q + size_t(h) * D, 1, D, K, n, stride, scale, p, n);
+      float mx = p[0];
+      for (int t = 1; t < n; ++t) mx = p[t] > mx ? p[t] : mx;
+      const float m_new = mx > m[h] ? mx : m[h];
+      const float alpha = std::exp(m[h] - m_new);
+      float sum = 0.f;
+      for (int t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - m_new));
+      l[h] = l[h] * alpha + sum;
+      m[h] = m_new;
+      float* oh = o + size_t(h) * D;
+      for (int i = 0; i < D; ++i) oh[i] *= alpha;
+      accumulate_tile(p, 1, D, V, n, stride, n, oh);
+    }
+  }
+}
 
-  // ---- pass 1: scores ----
-  for (int p0 = 0, pi = 0; p0 < ctx; p0 += B, ++pi) {
-    const int n = ctx - p0 < B ? ctx - p0 : B;
-    if (f32) {
-      const size_t base = size_t(kv.pages[pi]) * page_elems + size_t(g) * D;
-      scores_tile(q, G, D, static_cast<const float*>(kv.k) + base, n, row, scale, s + p0, ctx);
-    } else {
-      widen(kv, kv.k, kv.pages[pi], g, n, tile);
-      scores_tile(q, G, D, tile, n, D, scale, s + p0, ctx);
-    }
-  }
-  // ---- softmax per head ----
+void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
+                       float* o, float* m, float* l, float* tile) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_supports("avx2");
+  if (avx2 && kv.D % 8 == 0 && kv.D <= 128 && kv.block <= 64)
+    return attention_segment_avx2(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+#endif
+  attention_segment_ref(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+}
+
+void attention_combine(const float* o, const float* m, const float* l, int S, int G, int D, float* out) {
   for (int h = 0; h < G; ++h) {
-    float* sh = s + static_cast<size_t>(h) * ctx;
-    float mx = sh[0];
-    for (int t = 1; t < ctx; ++t) mx = sh[t] > mx ? sh[t] : mx;
-    float sum = 0.f;
-    for (int t = 0; t < ctx; ++t) {
-      sh[t] = std::exp(sh[t] - mx);
-      sum += sh[t];
+    float M = -INFINITY;
+    for (int s = 0; s < S; ++s) M = m[s * G + h] > M ? m[s * G + h] : M;
+    float L = 0.f;
+    float* oh = out + size_t(h) * D;
+    std::memset(oh, 0, sizeof(float) * D);
+    for (int s = 0; s < S; ++s) {
+      const float w = std::exp(m[s * G + h] - M);
+      L += w * l[s * G + h];
+      const float* os = o + (size_t(s) * G + h) * D;
+      for (int i = 0; i < D; ++i) oh[i] += w * os[i];
     }
-    const float inv = 1.0f / sum;
-    for (int t = 0; t < ctx; ++t) sh[t] *= inv;
+    const float inv = 1.0f / L;
+    for (int i = 0; i < D; ++i) oh[i] *= inv;
   }
-  // ---- pass 2: weighted sum of V ----
-  std::memset(out, 0, sizeof(float) * G * D);
-  for (int p0 = 0, pi = 0; p0 < ctx; p0 += B, ++pi) {
-    const int n = ctx - p0 < B ? ctx - p0 : B;
-    if (f32) {
-      const size_t base = size_t(kv.pages[pi]) * page_elems + size_t(g) * D;
-      accumulate_tile(s + p0, G, D, static_cast<const float*>(kv.v) + base, n, row, ctx, out);
-    } else {
-      widen(kv, kv.v, kv.pages[pi], g, n, tile);
-      accumulate_tile(s + p0, G, D, tile, n, D, ctx, out);
-    }
+}
+
+void attention_query(const KvView& kv, int g, const float* q, int G, int ctx, float scale, float* out,
+                     float* work) {
+  const int seg = attn_segment(kv.block), S = (ctx + seg - 1) / seg;
+  float* o = work;                                  // [S, G, D]
+  float* m = o + size_t(S) * G * kv.D;              // [S, G]
+  float* l = m + size_t(S) * G;                     // [S, G]
+  float* tile = l + size_t(S) * G;                  // [2, block, D]
+  for (int s = 0; s < S; ++s) {
+    const int t0 = s * seg, t1 = ctx < t0 + seg ? ctx : t0 + seg;
+    attention_segment(kv, g, q, G, t0, t1, scale, o + size_t(s) * G * kv.D, m + s * G, l + s * G, tile);
   }
+  attention_combine(o, m, l, S, G, kv.D, out);
 }
 
 }  // namespace kvdeck::cpu

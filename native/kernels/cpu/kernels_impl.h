@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kvdeck/kernels.h"
+#include "kvdeck/ops_cpu.h"
 
 namespace kvdeck::cpu {
 
@@ -23,6 +24,9 @@ const KernelSet& avx2_kernels();    // needs avx2 + fma + f16c
 const KernelSet& avx512_kernels();  // needs avx512f + bw + vl + vnni (+ avx2/fma/f16c)
 // The AVX2 activation quantiser, shared by the AVX-512 set (not a hot path).
 void quantize_act_q8_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
+// attention_segment (ops_cpu.h) for D % 8 == 0, D <= 128, block <= 64 (attention_avx2.cpp).
+void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
+                            float scale, float* o, float* m, float* l, float* tile);
 #endif
 
 // ---- shared scalar helpers (defined in gemm_scalar.cpp) ---------------------------

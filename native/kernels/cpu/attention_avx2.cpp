@@ -1,0 +1,170 @@
+// attention_avx2.cpp — one context segment of causal attention, AVX2 + FMA + F16C
+// (compiled with -mavx2 -mfma -mf16c; reached only when cpuid reports them, see
+// attention_cpu.cpp). Same contract and same arithmetic order as attention_segment_ref.
+//
+// Online softmax a page at a time: for each query head, the scores of the page's keys
+// (8 keys per register group, a horizontal-add tree turns 8 dot-product accumulators into
+// one vector of 8 scores), the running max / sum update, then o = o·alpha + Σ p_t v_t with
+// o [D] held in registers. f16 / nvfp4 pages are widened once per page into an f32 tile
+// that the G heads of the group share (GQA).
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/kernels_impl.h"
+#include "kvdeck/ops_cpu.h"
+
+namespace kvdeck::cpu {
+namespace {
+
+constexpr int kMaxDv = 16;  // D / 8 registers of o kept live (D <= 128)
+
+// e^x for 8 lanes: range reduction x = n ln2 + r, degree-6 polynomial (Cephes expf),
+// 2^n through the exponent bits. ~1 ulp on [-87, 88]; inputs below -87 give ~0.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Scores of 8 keys: lane j = q · k[j] (k rows of D floats, row stride ks).
+inline __m256 dot8(const float* q, const float* k, size_t ks, int D) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+  for (int c = 0; c < D; c += 8) {
+    const __m256 qc = _mm256_loadu_ps(q + c);
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + j * ks + c), a[j]);
+  }
+  // hadd tree: 8 accumulators -> [sum a0 .. sum a7]
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Rows [t, t+n) of KV head g of one page, as f32 rows: a pointer into the page (f32) or
+// the widened tile (f16, nvfp4). Returns the row stride in floats.
+size_t page_rows(const KvView& kv, const void* base, int page, int g, int n, float* tile,
+                 const float** rows) {
+  const int D = kv.D;
+  if (kv.dtype == KvDType::F32) {
+    *rows = static_cast<const float*>(base) + (size_t(page) * kv.block * kv.nkv + g) * D;
+    return size_t(kv.nkv) * D;
+  }
+  const size_t rb = kv_row_bytes(kv.dtype, D);
+  const uint8_t* p = static_cast<const uint8_t*>(base) + (size_t(page) * kv.block * kv.nkv + g) * rb;
+  for (int t = 0; t < n; ++t, p += rb * kv.nkv) {
+    float* dst = tile + size_t(t) * D;
+    if (kv.dtype == KvDType::F16) {
+      const auto* h = reinterpret_cast<const uint16_t*>(p);
+      for (int c = 0; c < D; c += 8)
+        _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + c))));
+    } else {
+      kv_nvfp4_decode_row(p, D, dst);
+    }
+  }
+  *rows = tile;
+  return size_t(D);
+}
+
+}  // namespace
+
+void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
+                            float scale, float* o, float* m, float* l, float* tile) {
+  const int B = kv.block, D = kv.D, Dv = D / 8;
+  float* ktile = tile;                    // [B, D]
+  float* vtile = tile + size_t(B) * D;    // [B, D]
+  alignas(32) float kpad[8 * 128];        // zero rows that complete a group of 8 keys
+  alignas(32) float p[64];                // probabilities of one page (B <= 64)
+  std::memset(kpad, 0, sizeof(float) * 8 * D);
+  for (int h = 0; h < G; ++h) m[h] = -INFINITY, l[h] = 0.0f;
+  std::memset(o, 0, sizeof(float) * G * D);
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+
+  for (int ps = t0; ps < t1; ps += B) {
+    const int n = t1 - ps < B ? t1 - ps : B;
+    const int page = kv.pages[ps / B];
+    const float *K, *V;
+    const size_t ks = page_rows(kv, kv.k, page, g, n, ktile, &K);
+    const size_t vs = page_rows(kv, kv.v, page, g, n, vtile, &V);
+    for (int h = 0; h < G; ++h) {
+      const float* qh = q + size_t(h) * D;
+      // ---- scores of the page, masked past n ----
+      __m256 s[8];  // B <= 64
+      const int ng = (n + 7) / 8;
+      __m256 vmax = _mm256_set1_ps(-INFINITY);
+      for (int gi = 0; gi < ng; ++gi) {
+        const int j0 = gi * 8;
+        const float* kr = K + j0 * ks;
+        size_t stride = ks;
+        if (j0 + 8 > n) {  // partial group: copy the valid rows next to zero rows
+          for (int j = 0; j < n - j0; ++j) std::memcpy(kpad + j * D, kr + j * ks, sizeof(float) * D);
+          kr = kpad, stride = D;
+        }
+        __m256 sc = _mm256_mul_ps(dot8(qh, kr, stride, D), vscale);
+        const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(float(n - j0)), _CMP_LT_OQ);
+        sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, valid);
+        s[gi] = sc;
+        vmax = _mm256_max_ps(vmax, sc);
+        if (j0 + 8 > n)
+          for (int j = 0; j < n - j0; ++j) std::memset(kpad + j * D, 0, sizeof(float) * D);
+      }
+      // ---- online softmax update ----
+      const float mx = hmax(vmax);
+      const float m_new = mx > m[h] ? mx : m[h];
+      const float alpha = std::exp(m[h] - m_new);  // 0 on the first page (m = -inf)
+      __m256 psum = _mm256_setzero_ps();
+      const __m256 vm = _mm256_set1_ps(m_new);
+      for (int gi = 0; gi < ng; ++gi) {
+        const __m256 valid = _mm256_cmp_ps(s[gi], _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s[gi], vm)), valid);
+        _mm256_store_ps(p + gi * 8, e);
+        psum = _mm256_add_ps(psum, e);
+      }
+      l[h] = l[h] * alpha + hsum(psum);
+      m[h] = m_new;
+      // ---- o = o * alpha + sum_t p_t v_t ----
+      float* oh = o + size_t(h) * D;
+      __m256 acc[kMaxDv];
+      const __m256 va = _mm256_set1_ps(alpha);
+      for (int c = 0; c < Dv; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(oh + 8 * c), va);
+      for (int t = 0; t < n; ++t) {
+        const __m256 pt = _mm256_broadcast_ss(p + t);
+        const float* vt = V + t * vs;
+        for (int c = 0; c < Dv; ++c) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+      }
+      for (int c = 0; c < Dv; ++c) _mm256_storeu_ps(oh + 8 * c, acc[c]);
+    }
+  }
+}
+
+}  // namespace kvdeck::cpu
+#endif  // __x86_64__
