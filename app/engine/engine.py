@@ -219,6 +219,9 @@ class Generation:
                 tok = self._choose(sampler, logits)
                 decode_s += time.perf_counter() - t
                 decode_tokens += 1
+        except GeneratorExit:
+            finish = "cancelled"  # the consumer closed the stream early
+            raise
         finally:
             if eng.prefix_cache:
                 native.finish(seq)
@@ -226,9 +229,10 @@ class Generation:
                 native.close_sequence(seq)
             self.events = eng._pending_events + native.drain_events()
             eng._pending_events = []
-        self.stats = self._ledger(cached, prefill_s, ttft_s, decode_s, decode_tokens, finish)
-        if self.session is not None:
-            self.session._called(self)
+            if ttft_s > 0:  # the prompt was computed: the call has a ledger, even if cut short
+                self.stats = self._ledger(cached, prefill_s, ttft_s, decode_s, decode_tokens, finish)
+                if self.session is not None:
+                    self.session._called(self)
 
     def _ledger(self, cached, prefill_s, ttft_s, decode_s, decode_tokens, finish) -> CallStats:
         eng = self.engine

@@ -71,7 +71,7 @@ class CallStats:
     decode_s: float
     decode_tokens: int
     decode_tok_s: float
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "cancelled"
     weight_format: str
     kv_format: str
     backend: str
