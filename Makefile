@@ -46,7 +46,12 @@ $(WEIGHTS)/.done: $(VENV)/.native models/manifests/$(MODEL).toml
 	$(VENV)/bin/kvdeck models fetch $(MODEL)
 	touch $@
 
-bench: build model
+# The llama.cpp peer of `kvdeck bench cpu` (the `bench` extra; compiles llama.cpp: minutes).
+$(VENV)/.bench-deps: $(VENV)/.deps
+	$(PIP) install -q "llama-cpp-python>=0.3"
+	touch $@
+
+bench: build model $(VENV)/.bench-deps
 	$(VENV)/bin/kvdeck bench cpu
 
 # Compile (only) the CUDA sources for Orin (sm_87) and Hopper (sm_90) where nvcc exists.
