@@ -134,8 +134,10 @@ def _stream(eng, gen) -> None:
     text = gen.text()
     sys.stdout.write(text[len(shown):] + "\n")
     st = gen.stats
+    if st is None:
+        return
     sys.stderr.write(
-        f"[{st.prompt_tokens} prompt tok, ttft {st.ttft_s * 1000:.0f} ms, "
+        f"[{st.prompt_tokens} prompt tok ({st.cached_tokens} cached), ttft {st.ttft_s * 1000:.0f} ms, "
         f"{st.decode_tokens} tok at {st.decode_tok_s:.1f} tok/s, {st.weight_format}/{st.kv_format}, {st.finish_reason}]\n"
     )
 
@@ -171,11 +173,14 @@ def cmd_check_prefix(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    """A terminal chat. The conversation is kept as token ids and only appended to (the
+    model's own output ids included), so each turn is served from the prefix cache."""
     from app.engine.chat_format import Message, chat_format_for
 
     eng = _load(args)
     fmt = chat_format_for(eng.config.chat_format, eng.tokenizer)
-    history: list[Message] = [Message("system", args.system)] if args.system else []
+    session = eng.session("chat")
+    ids: list[int] = fmt.message_ids(Message("system", args.system)) if args.system else []
     print(f"kvdeck chat — {eng.config.model} ({eng.weight_format} weights, {eng.kv_format} KV, {eng.backend}). "
           "Empty line or Ctrl-D to quit.")
     while True:
@@ -186,14 +191,18 @@ def cmd_chat(args) -> int:
             return 0
         if not line:
             return 0
-        history.append(Message("user", line))
-        gen = eng.generate(fmt.prompt_ids(history), _sampling(args), max_tokens=args.max_tokens)
+        prompt = ids + fmt.message_ids(Message("user", line)) + fmt.encode(fmt.assistant_prefix())
+        gen = session.generate(prompt, _sampling(args), max_tokens=args.max_tokens)
         try:
             _stream(eng, gen)
         except KeyboardInterrupt:
             gen.close()
             print("\n[interrupted]")
-        history.append(Message("assistant", gen.text()))
+        # The reply as the model produced it; close it if it was cut short.
+        ids = prompt + gen.output_ids
+        if not gen.output_ids or gen.output_ids[-1] not in eng.config.stop_token_ids:
+            ids += fmt.encode(fmt.end_of_turn())
+        ids += fmt.encode(fmt.after_turn())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,14 @@ class ChatFormat:
     def assistant_prefix(self) -> str:
         raise NotImplementedError
 
+    def end_of_turn(self) -> str:
+        """What closes a message (the model's stop token when it ends a reply itself)."""
+        raise NotImplementedError
+
+    def after_turn(self) -> str:
+        """Text between a closed message and the next one."""
+        return ""
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -55,6 +63,12 @@ class ChatML(ChatFormat):
     def assistant_prefix(self) -> str:
         return "<|im_start|>assistant\n"
 
+    def end_of_turn(self) -> str:
+        return "<|im_end|>"
+
+    def after_turn(self) -> str:
+        return "\n"
+
 
 class Llama3(ChatFormat):
     """<|start_header_id|>role<|end_header_id|>\\n\\ncontent<|eot_id|> after <|begin_of_text|>."""
@@ -67,6 +81,9 @@ class Llama3(ChatFormat):
 
     def assistant_prefix(self) -> str:
         return "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+    def end_of_turn(self) -> str:
+        return "<|eot_id|>"
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         return self.encode("<|begin_of_text|>") + super().prompt_ids(messages)
