@@ -57,7 +57,10 @@ def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = No
     limits = AgentLimits(max_steps=s.max_steps, max_tokens=min(args.max_tokens, s.max_tokens),
                          follow_up=follow_up or s.follow_up)
     kit = Toolkit(fns, timeout_s=s.tool_timeout_s)
-    return Agent(eng, kit, limits=limits, sampling=_sampling(args), system_timestamp=system_timestamp)
+    agent = Agent(eng, kit, limits=limits, sampling=_sampling(args), system_timestamp=system_timestamp)
+    if not getattr(args, "no_prewarm", False):
+        agent.prewarm()
+    return agent
 
 
 def _event_line(ev, called: dict) -> dict | None:
@@ -226,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--json", action="store_true", help="one JSON line per engine call (the ledger) and per tool call")
     p_run.add_argument("--tool-choice", default="auto", help="auto | required | none | a tool's name (default auto)")
     p_run.add_argument("--no-tools", action="store_true", help="a plain answer from the model, without the agent")
+    p_run.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
     p_run.add_argument("prompt")
     p_chk = sub.add_parser("check-prefix", help="run a scripted agent task; fail when prefix reuse is short")
     _engine_args(p_chk)
@@ -235,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="engine: the engine's cached_tokens (default); tokens: the detector's reusable figure")
     p_chk.add_argument("--system-timestamp", action="store_true", help="put the time in the system prompt (the bug)")
     p_chk.add_argument("--transcript", action="store_true", help="print the conversation as it runs")
+    p_chk.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
     sub.add_parser("models", help="fetch / convert models (kvdeck models --help)")
     sub.add_parser("bench", help="benchmarks (kvdeck bench --help)")
     args = parser.parse_args(argv)

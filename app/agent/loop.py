@@ -88,6 +88,13 @@ class Agent:
         self._no_opener = None
         self._grammars: dict[str, str] = {}
 
+    def prewarm(self) -> int:
+        """Compute, cache and pin the static prefix (system prompt + tool schemas) before the
+        first turn, so even the first call only computes its own message (seed 000 §6).
+        Returns the tokens pinned (whole pages); the pin lasts as long as the session."""
+        static = self.prompt.ids[: self.prompt.segments[1].end]
+        return self.session.prewarm(static)
+
     # ---- helpers ------------------------------------------------------------------------
     def _decode(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(list(ids), skip_special_tokens=False)
