@@ -136,9 +136,10 @@ class CpuBackend final : public Backend {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const int ctx = p0 + M;
     cpu::KvView kv{pool.k(layer), pool.v(layer), pool.dtype(), pool.block(), nkv, D, pages};
-    if (pool.dtype() == KvDType::NVFP4 && M > 1) {
-      // Prefill over nvfp4 pages: dequantise the context once into a f32 workspace (reused
-      // by every layer) so the M queries do not each decode every row again.
+    if (pool.dtype() != KvDType::F32 && M > 1) {
+      // Prefill over nvfp4 / f16 pages: widen the context once into a f32 workspace (reused
+      // by every layer) so the M queries do not each widen every row again (exact for f16:
+      // the same values as the in-kernel widening of decode).
       const int n_pages = (ctx + pool.block() - 1) / pool.block();
       const size_t page_floats = size_t(pool.block()) * nkv * D;
       workspace_.resize(2 * n_pages * page_floats);  // K then V, [n_pages, block, nkv, D]
@@ -149,9 +150,16 @@ class CpuBackend final : public Backend {
         const size_t row = pool.row_bytes();
         const uint8_t* kp = static_cast<const uint8_t*>(pool.k(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
         const uint8_t* vp = static_cast<const uint8_t*>(pool.v(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
-        for (int r = 0; r < pool.block() * nkv; ++r) {
-          cpu::kv_nvfp4_decode_row(kp + r * row, D, workspace_.data() + pi * page_floats + size_t(r) * D);
-          cpu::kv_nvfp4_decode_row(vp + r * row, D, workspace_.data() + (n_pages + pi) * page_floats + size_t(r) * D);
+        float* kw = workspace_.data() + pi * page_floats;              // [block, nkv, D]
+        float* vw = workspace_.data() + (n_pages + pi) * page_floats;  // [block, nkv, D]
+        if (pool.dtype() == KvDType::F16) {
+          cpu::f16_to_f32_row(reinterpret_cast<const uint16_t*>(kp), kw, int(page_floats));
+          cpu::f16_to_f32_row(reinterpret_cast<const uint16_t*>(vp), vw, int(page_floats));
+        } else {
+          for (int r = 0; r < pool.block() * nkv; ++r) {
+            cpu::kv_nvfp4_decode_row(kp + r * row, D, kw + size_t(r) * D);
+            cpu::kv_nvfp4_decode_row(vp + r * row, D, vw + size_t(r) * D);
+          }
         }
       }
       kv = cpu::KvView{workspace_.data(), workspace_.data() + n_pages * page_floats, KvDType::F32,

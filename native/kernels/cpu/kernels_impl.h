@@ -24,6 +24,8 @@ const KernelSet& avx2_kernels();    // needs avx2 + fma + f16c
 const KernelSet& avx512_kernels();  // needs avx512f + bw + vl + vnni (+ avx2/fma/f16c)
 // The AVX2 activation quantiser, shared by the AVX-512 set (not a hot path).
 void quantize_act_q8_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
+// silu_mul_row (ops_cpu.h) with a vector exp (activation_avx2.cpp).
+void silu_mul_row_avx2(const float* a, const float* b, int n, float* y);
 // attention_segment (ops_cpu.h) for D % 8 == 0, D <= 128, block <= 64 (attention_avx2.cpp).
 void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
                             float scale, float* o, float* m, float* l, float* tile);

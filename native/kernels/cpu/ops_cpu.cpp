@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "kvdeck/formats.h"
+#include "kernels/cpu/kernels_impl.h"
+#include "kvdeck/kernels.h"
 #include "kvdeck/ops_cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -38,11 +40,19 @@ void rope_row(float* x, int n_heads, int D, const float* cs, const float* sn) {
   }
 }
 
-KV_CLONES void silu_mul_row(const float* a, const float* b, int n, float* y) {
+KV_CLONES static void silu_mul_row_loop(const float* a, const float* b, int n, float* y) {
   for (int i = 0; i < n; ++i) {
     const float x = a[i];
     y[i] = x / (1.0f + std::exp(-x)) * b[i];
   }
+}
+
+void silu_mul_row(const float* a, const float* b, int n, float* y) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_supports("avx2");
+  if (avx2) return silu_mul_row_avx2(a, b, n, y);
+#endif
+  silu_mul_row_loop(a, b, n, y);
 }
 
 // ---- f16 conversion -------------------------------------------------------------------
