@@ -1,8 +1,9 @@
 """Logits parity of the f32 engine against Hugging Face transformers and a numpy forward.
 
 Both oracles run on the same dequantised weights (the f32 folder: GGUF Q4_1 dequantised
-exactly). Tolerances come from measurement: the f32 engine differs from float64 numpy by
-~1e-4 and from torch f32 by ~1e-4 on logits of magnitude ~20; we assert 2e-3.
+exactly). Tolerances come from measurement (2026-11-30, these four prompts, logits up to
+~40 in magnitude): max |ours - transformers f32| 3.5e-5..1.3e-4, max |ours - numpy f64|
+2.4e-5..5.1e-5 (transformers itself is 4.3e-5..8.9e-5 from numpy). We assert 5e-4.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ PROMPTS = [
     "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
     "Jetson Orin: 2048 CUDA cores, 64 GB LPDDR5, 204.8 GB/s. " * 3,
 ]
-MAX_ABS = 2e-3
+MAX_ABS = 5e-4
 
 
 @pytest.fixture(scope="module")
