@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "kvdeck/backend.h"
@@ -75,6 +76,25 @@ class CpuBackend final : public Backend {
       const int t = omp_get_thread_num();
       const int n0 = std::min(w.N, t * chunk), n1 = std::min(w.N, n0 + chunk);
       if (n0 < n1) gemm(w, x, a, M, y, ldy, n0, n1);
+    }
+  }
+
+  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
+    for (int i = 0; i < n; ++i) {
+      const DType dt = outs[i].w->dtype;
+      if ((dt == DType::NVFP4 || dt == DType::W4A8) && !xq.valid)
+        throw std::logic_error("matmul: integer weights need quantised input");
+    }
+#pragma omp parallel num_threads(threads_)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      for (int i = 0; i < n; ++i) {  // thread t: its row chunk of every weight
+        const WeightView& w = *outs[i].w;
+        const bool integer = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+        const int chunk = round_up((w.N + nt - 1) / nt, 16);
+        const int n0 = std::min(w.N, t * chunk), n1 = std::min(w.N, n0 + chunk);
+        if (n0 < n1) gemm(w, x, integer ? &xq.act : nullptr, M, outs[i].y, outs[i].ldy, n0, n1);
+      }
     }
   }
 

@@ -334,9 +334,10 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     be.rmsnorm(S.x, L.attn_norm, M, H, c.rms_eps, S.h);
     S.xq.valid = false;
     if (L.wq.dtype == DType::NVFP4 || L.wq.dtype == DType::W4A8) be.quantize_input(S.h, M, H, S.xq);
-    be.matmul(L.wq, S.h, S.xq, M, S.q, QD);  // q: [M, nh*D]
-    be.matmul(L.wk, S.h, S.xq, M, S.k, KD);  // k: [M, nkv*D]
-    be.matmul(L.wv, S.h, S.xq, M, S.v, KD);  // v: [M, nkv*D]
+    const Backend::MatmulOut qkv[3] = {{&L.wq, S.q, QD},   // q: [M, nh*D]
+                                       {&L.wk, S.k, KD},   // k: [M, nkv*D]
+                                       {&L.wv, S.v, KD}};  // v: [M, nkv*D]
+    be.matmul_many(qkv, 3, S.h, S.xq, M);
     if (c.attn_bias) {
       be.add_bias(S.q, L.bq, M, QD, QD);
       be.add_bias(S.k, L.bk, M, KD, KD);
@@ -358,8 +359,8 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     be.rmsnorm(S.x, L.mlp_norm, M, H, c.rms_eps, S.h);
     S.xq.valid = false;
     if (L.w_gate.dtype == DType::NVFP4 || L.w_gate.dtype == DType::W4A8) be.quantize_input(S.h, M, H, S.xq);
-    be.matmul(L.w_gate, S.h, S.xq, M, S.gate, F);  // [M, F]
-    be.matmul(L.w_up, S.h, S.xq, M, S.up, F);      // [M, F]
+    const Backend::MatmulOut gate_up[2] = {{&L.w_gate, S.gate, F}, {&L.w_up, S.up, F}};  // [M, F] each
+    be.matmul_many(gate_up, 2, S.h, S.xq, M);
     be.silu_mul(S.gate, S.up, M, F, S.act);
     S.xq.valid = false;
     if (L.w_down.dtype == DType::NVFP4 || L.w_down.dtype == DType::W4A8) be.quantize_input(S.act, M, F, S.xq);

@@ -44,6 +44,17 @@ class Backend {
   // y[M, N] (row stride ldy) = x[M, K] · W^T; xq must hold x quantised when W is integer.
   virtual void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M,
                       float* y, int ldy) = 0;
+  // Weights that read the same input, in one call (q/k/v; gate/up): for each i,
+  // y_i[M, N_i] (row stride ldy_i) = x[M, K] · W_i^T. Default: one matmul per weight; the
+  // CPU backend splits every weight's rows over one team of threads (one parallel region).
+  struct MatmulOut {
+    const WeightView* w;
+    float* y;
+    int ldy;
+  };
+  virtual void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) {
+    for (int i = 0; i < n; ++i) matmul(*outs[i].w, x, xq, M, outs[i].y, outs[i].ldy);
+  }
   // x[m, j] += b[j]                                  x: f32 [M, n] (row stride ld)
   virtual void add_bias(float* x, const float* b, int M, int n, int ld) = 0;
   // Rotate-half RoPE in place over heads of D at positions pos[m].
