@@ -4,6 +4,7 @@
 // over the ranges they are given; the CPU backend splits the work across threads.
 // Vector paths are chosen at run time (target_clones on x86; plain loops elsewhere).
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "kvdeck/kv_pool.h"
@@ -41,6 +42,9 @@ struct KvView {
 constexpr int kAttnSegment = 256;
 // The segment length for a pool: kAttnSegment rounded up to whole pages.
 inline int attn_segment(int block) { return (kAttnSegment + block - 1) / block * block; }
+
+// e^x, or exactly 0 below e^-87 (denormal factors slow every FMA that consumes them).
+inline float flush_exp(float x) { return x < -87.0f ? 0.0f : std::exp(x); }
 
 // One segment [t0, t1) of a query's context (t0 a multiple of attn_segment(block)):
 //   o[h] = Σ_t e^(s_t - m[h]) v_t,  m[h] = max_t s_t,  l[h] = Σ_t e^(s_t - m[h]),  s_t = scale q[h]·k_t

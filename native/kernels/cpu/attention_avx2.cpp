@@ -122,7 +122,7 @@ void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int 
       // ---- online softmax update ----
       const float mx = hmax(vmax);
       const float m_new = mx > m[h] ? mx : m[h];
-      const float alpha = std::exp(m[h] - m_new);  // 0 on the first page (m = -inf)
+      const float alpha = flush_exp(m[h] - m_new);  // 0 on the first page (m = -inf)
       __m256 psum = _mm256_setzero_ps();
       const __m256 vm = _mm256_set1_ps(m_new);
       for (int gi = 0; gi < ng; ++gi) {

@@ -92,9 +92,9 @@ void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t
       float mx = p[0];
       for (int t = 1; t < n; ++t) mx = p[t] > mx ? p[t] : mx;
       const float m_new = mx > m[h] ? mx : m[h];
-      const float alpha = std::exp(m[h] - m_new);
+      const float alpha = flush_exp(m[h] - m_new);  // 0 on the first page (m = -inf)
       float sum = 0.f;
-      for (int t = 0; t < n; ++t) sum += (p[t] = std::exp(p[t] - m_new));
+      for (int t = 0; t < n; ++t) sum += (p[t] = flush_exp(p[t] - m_new));
       l[h] = l[h] * alpha + sum;
       m[h] = m_new;
       float* oh = o + size_t(h) * D;
@@ -122,7 +122,7 @@ void attention_combine(const float* o, const float* m, const float* l, int S, in
     float* oh = out + size_t(h) * D;
     std::memset(oh, 0, sizeof(float) * D);
     for (int s = 0; s < S; ++s) {
-      const float w = std::exp(m[s * G + h] - M);
+      const float w = flush_exp(m[s * G + h] - M);
       L += w * l[s * G + h];
       const float* os = o + (size_t(s) * G + h) * D;
       for (int i = 0; i < D; ++i) oh[i] += w * os[i];
