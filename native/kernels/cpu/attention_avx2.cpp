@@ -20,7 +20,6 @@
 namespace kvdeck::cpu {
 namespace {
 
-constexpr int kMaxDv = 16;  // D / 8 registers of o kept live (D <= 128)
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -37,7 +36,8 @@ inline float hmax(__m256 v) {
 }
 
 // Scores of 8 keys: lane j = q · k[j] (k rows of D floats, row stride ks).
-inline __m256 dot8(const float* q, const float* k, size_t ks, int D) {
+template <int D>
+inline __m256 dot8(const float* q, const float* k, size_t ks) {
   __m256 a[8];
   for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
   for (int c = 0; c < D; c += 8) {
@@ -76,14 +76,16 @@ size_t page_rows(const KvView& kv, const void* base, int page, int g, int n, flo
   return size_t(D);
 }
 
-}  // namespace
-
-void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
-                            float scale, float* o, float* m, float* l, float* tile) {
-  const int B = kv.block, D = kv.D, Dv = D / 8;
+// D is a template parameter so the score accumulators and o [D] stay in registers (a run-
+// time D left them on the stack: every FMA became a load + store).
+template <int D>
+void segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale, float* o,
+             float* m, float* l, float* tile) {
+  constexpr int Dv = D / 8;
+  const int B = kv.block;
   float* ktile = tile;                    // [B, D]
   float* vtile = tile + size_t(B) * D;    // [B, D]
-  alignas(32) float kpad[8 * 128];        // zero rows that complete a group of 8 keys
+  alignas(32) float kpad[8 * D];          // zero rows that complete a group of 8 keys
   alignas(32) float p[64];                // probabilities of one page (B <= 64)
   std::memset(kpad, 0, sizeof(float) * 8 * D);
   for (int h = 0; h < G; ++h) m[h] = -INFINITY, l[h] = 0.0f;
@@ -111,7 +113,7 @@ void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int 
           for (int j = 0; j < n - j0; ++j) std::memcpy(kpad + j * D, kr + j * ks, sizeof(float) * D);
           kr = kpad, stride = D;
         }
-        __m256 sc = _mm256_mul_ps(dot8(qh, kr, stride, D), vscale);
+        __m256 sc = _mm256_mul_ps(dot8<D>(qh, kr, stride), vscale);
         const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(float(n - j0)), _CMP_LT_OQ);
         sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, valid);
         s[gi] = sc;
@@ -135,7 +137,7 @@ void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int 
       m[h] = m_new;
       // ---- o = o * alpha + sum_t p_t v_t ----
       float* oh = o + size_t(h) * D;
-      __m256 acc[kMaxDv];
+      __m256 acc[Dv];
       const __m256 va = _mm256_set1_ps(alpha);
       for (int c = 0; c < Dv; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(oh + 8 * c), va);
       for (int t = 0; t < n; ++t) {
@@ -145,6 +147,19 @@ void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int 
       }
       for (int c = 0; c < Dv; ++c) _mm256_storeu_ps(oh + 8 * c, acc[c]);
     }
+  }
+}
+
+}  // namespace
+
+void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
+                            float scale, float* o, float* m, float* l, float* tile) {
+  switch (kv.D) {
+    case 64: return segment<64>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+    case 128: return segment<128>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+    case 32: return segment<32>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+    case 96: return segment<96>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+    default: return attention_segment_ref(kv, g, q, G, t0, t1, scale, o, m, l, tile);
   }
 }
 
