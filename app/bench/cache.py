@@ -49,14 +49,17 @@ def run_task(eng, calls: int, gen: int, seed: int = 0, session=None, baseline: b
     stats, floors = [], []
     native, sampler = eng.native, _native.Sampler(0)
     for _ in range(calls):
-        if baseline:
-            seq = native.open_sequence(0)
-            cached = native.begin(seq, np.asarray(prompt, np.int32))
-            t = time.perf_counter()
-            logits = native.forward(seq, np.asarray(prompt[cached:], np.int32))
-            sampler.sample(logits, 0.0, 0, 1.0)
-            floors.append(time.perf_counter() - t)
-            native.close_sequence(seq)  # no insert: the real call below computes it again
+        if baseline:  # best of two, as machine noise only ever adds time
+            best = float("inf")
+            for _rep in range(2):
+                seq = native.open_sequence(0)
+                cached = native.begin(seq, np.asarray(prompt, np.int32))
+                t = time.perf_counter()
+                logits = native.forward(seq, np.asarray(prompt[cached:], np.int32))
+                sampler.sample(logits, 0.0, 0, 1.0)
+                best = min(best, time.perf_counter() - t)
+                native.close_sequence(seq)  # no insert: the real call below computes it again
+            floors.append(best)
         g = sess.generate(prompt, max_tokens=gen, stop_ids=[])
         for _tok in g:
             pass
@@ -66,11 +69,30 @@ def run_task(eng, calls: int, gen: int, seed: int = 0, session=None, baseline: b
     return (stats, floors) if baseline else stats
 
 
-def no_hit_overhead(eng_on, eng_off, n: int = 8, tokens: int = 512) -> tuple[float, float]:
-    """TTFT (s) of distinct prompts that never hit, cache on vs off: the two engines run
-    alternately (so machine noise hits both alike); the median of each is returned."""
+def no_hit_overhead(eng_on, eng_off, n: int = 8, tokens: int = 512) -> dict:
+    """What the cache costs when nothing hits, two ways.
+
+    machinery: the time of the cache's own work in a call that misses (match + lock in
+    begin(), insert + unlock in finish()) as a fraction of the call's prefill.
+    ttft: median TTFT of distinct prompts with the cache on vs off, the engines alternating
+    (includes where the pages land in memory: the cache-off engine reuses the same pages).
+    """
     rng = np.random.default_rng(7)
     V = eng_on.config.vocab_size
+    eng_on.clear_cache()
+    native = eng_on.native
+    mach = []
+    for _ in range(n):
+        p = np.asarray(_ids(rng, tokens, V), np.int32)
+        seq = native.open_sequence(0)
+        t0 = time.perf_counter()
+        native.begin(seq, p)
+        t1 = time.perf_counter()
+        native.forward(seq, p)
+        t2 = time.perf_counter()
+        native.finish(seq)
+        t3 = time.perf_counter()
+        mach.append(((t1 - t0) + (t3 - t2)) / (t2 - t1))
     eng_on.clear_cache()
     times: dict = {eng_on: [], eng_off: []}
     for i in range(n):
@@ -79,7 +101,8 @@ def no_hit_overhead(eng_on, eng_off, n: int = 8, tokens: int = 512) -> tuple[flo
             for _ in g:
                 pass
             times[eng].append(g.stats.ttft_s)
-    return statistics.median(times[eng_on]), statistics.median(times[eng_off])
+    on, off = statistics.median(times[eng_on]), statistics.median(times[eng_off])
+    return {"machinery_fraction": statistics.median(mach), "ttft_on_s": on, "ttft_off_s": off}
 
 
 def capacity(eng, calls: int, gen: int) -> dict:
@@ -164,8 +187,9 @@ def run(argv: list[str]) -> int:
             B = on.snapshot()["block"]
             cum_comp = sum(s.computed_tokens for s in s_on)
             cum_new = sum(s.new_tokens for s in s_on)
-            # TTFT of the cached calls (from the baseline run: same cache state) vs the floor.
-            ttft_ratio = max((s.ttft_s / b for s, b in zip(s_on2[1:], only_new)), default=0.0)
+            # Cached TTFT (best of the two cache-on runs: same cache state) vs the floor.
+            ttft_ratio = max((min(a.ttft_s, c.ttft_s) / b for a, c, b in zip(s_on[1:], s_on2[1:], only_new)),
+                             default=0.0)
             run_ = {
                 "kv": kv, "calls": calls, "total_s_off": t_off, "total_s_on": t_on, "speedup": t_off / t_on,
                 "cum_computed_on": cum_comp, "cum_computed_off": sum(s.computed_tokens for s in s_off),
@@ -181,11 +205,13 @@ def run(argv: list[str]) -> int:
             report["runs"].append(run_)
             if not args.json:
                 _print_run(out, run_, args.weights)
-        ttft_on, ttft_off = no_hit_overhead(on, off)
-        report["checks"][f"no_hit_overhead_{kv}"] = ttft_on / ttft_off - 1
+        nh = no_hit_overhead(on, off)
+        report["checks"][f"no_hit_{kv}"] = nh
         if not args.json:
-            out.write(f"no-hit cost ({kv} KV, 512-token distinct prompts, median TTFT): on {ttft_on * 1e3:.1f} ms, "
-                      f"off {ttft_off * 1e3:.1f} ms, overhead {100 * (ttft_on / ttft_off - 1):+.2f}%\n\n")
+            out.write(f"no-hit cost ({kv} KV, 512-token distinct prompts): cache machinery (match + insert) "
+                      f"{100 * nh['machinery_fraction']:.3f}% of the prefill; median TTFT on "
+                      f"{nh['ttft_on_s'] * 1e3:.1f} ms vs off {nh['ttft_off_s'] * 1e3:.1f} ms "
+                      f"({100 * (nh['ttft_on_s'] / nh['ttft_off_s'] - 1):+.1f}%)\n\n")
         report["capacity"].append(capacity(on, 4, args.gen))
         del on, off
     pr = pressure(lambda **kw: load("f16", True, **kw), args.gen)
