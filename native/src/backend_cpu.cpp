@@ -65,7 +65,7 @@ class CpuBackend final : public Backend {
 
   void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y,
               int ldy) override {
-    const bool integer = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+    const bool integer = is_integer(w.dtype);
     if (integer && !xq.valid) throw std::logic_error("matmul: integer weights need quantised input");
     const ActQ8* a = integer ? &xq.act : nullptr;
     // Row chunks: a multiple of 16 rows per thread keeps kernels on their unrolled path.
@@ -82,7 +82,7 @@ class CpuBackend final : public Backend {
   void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
     for (int i = 0; i < n; ++i) {
       const DType dt = outs[i].w->dtype;
-      if ((dt == DType::NVFP4 || dt == DType::W4A8) && !xq.valid)
+      if (is_integer(dt) && !xq.valid)
         throw std::logic_error("matmul: integer weights need quantised input");
     }
 #pragma omp parallel num_threads(threads_)
@@ -90,7 +90,7 @@ class CpuBackend final : public Backend {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       for (int i = 0; i < n; ++i) {  // thread t: its row chunk of every weight
         const WeightView& w = *outs[i].w;
-        const bool integer = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+        const bool integer = is_integer(w.dtype);
         const int chunk = round_up((w.N + nt - 1) / nt, 16);
         const int n0 = std::min(w.N, t * chunk), n1 = std::min(w.N, n0 + chunk);
         if (n0 < n1) gemm(w, x, integer ? &xq.act : nullptr, M, outs[i].y, outs[i].ldy, n0, n1);

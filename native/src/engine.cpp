@@ -103,7 +103,7 @@ static void check_linear(const WeightView& w, int N, int K, const std::string& n
     throw std::invalid_argument("weights: " + name + " has shape [" + std::to_string(w.N) + ", " +
                                 std::to_string(w.K) + "], expected [" + std::to_string(N) + ", " +
                                 std::to_string(K) + "]");
-  const bool q = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+  const bool q = is_integer(w.dtype);
   if (q && (!w.scales || w.Kp != round_up(K, kQuantPad)))
     throw std::invalid_argument("weights: " + name + " has bad quantisation layout");
   if (w.dtype == DType::W4A8 && (w.group <= 0 || w.Kp % w.group != 0 || w.group % kQ8Block != 0))
@@ -143,6 +143,12 @@ void Engine::set_weights(ModelWeights w) {
 // ============================================================================
 // Sequences
 // ============================================================================
+static Sequence& find_seq(std::unordered_map<int, Sequence>& m, int seq) {
+  auto it = m.find(seq);
+  if (it == m.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
 int Engine::open_sequence(int32_t session) {
   const int id = next_seq_++;
   Sequence s;
@@ -162,11 +168,6 @@ void Engine::close_sequence(int seq) {
 // ============================================================================
 // Prefix cache
 // ============================================================================
-static Sequence& find_seq(std::unordered_map<int, Sequence>& m, int seq) {
-  auto it = m.find(seq);
-  if (it == m.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
-  return it->second;
-}
 
 int Engine::begin(int seq, const int32_t* ids, int n) {
   Sequence& s = find_seq(seqs_, seq);
@@ -260,9 +261,7 @@ void Engine::check_integrity() const {
 }
 
 const Sequence& Engine::sequence(int seq) const {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
-  return it->second;
+  return find_seq(const_cast<std::unordered_map<int, Sequence>&>(seqs_), seq);
 }
 
 // Grow the page table to hold n_tokens; all-or-nothing.
@@ -285,13 +284,11 @@ void Engine::reserve_pages(Sequence& s, int n_tokens) {
 void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
   if (!weights_set_) throw std::logic_error("engine: weights not set");
   if (n <= 0) throw std::invalid_argument("forward: no tokens");
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
+  Sequence& s = find_seq(seqs_, seq);
   for (int i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= config_.vocab)
       throw std::invalid_argument("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
                                   " is outside the vocabulary [0, " + std::to_string(config_.vocab) + ")");
-  Sequence& s = it->second;
   const int p0 = int(s.tokens.size());
   reserve_pages(s, p0 + n);
   const int V = config_.vocab;
@@ -333,7 +330,7 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     // ---- attention block ----
     be.rmsnorm(S.x, L.attn_norm, M, H, c.rms_eps, S.h);
     S.xq.valid = false;
-    if (L.wq.dtype == DType::NVFP4 || L.wq.dtype == DType::W4A8) be.quantize_input(S.h, M, H, S.xq);
+    if (is_integer(L.wq.dtype)) be.quantize_input(S.h, M, H, S.xq);
     const Backend::MatmulOut qkv[3] = {{&L.wq, S.q, QD},   // q: [M, nh*D]
                                        {&L.wk, S.k, KD},   // k: [M, nkv*D]
                                        {&L.wv, S.v, KD}};  // v: [M, nkv*D]
@@ -352,18 +349,18 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     be.kv_write(*pool_, l, S.k, S.v, KD, S.slots, M);
     be.attention(*pool_, l, S.q, QD, M, p0, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
     S.xq.valid = false;
-    if (L.wo.dtype == DType::NVFP4 || L.wo.dtype == DType::W4A8) be.quantize_input(S.attn, M, QD, S.xq);
+    if (is_integer(L.wo.dtype)) be.quantize_input(S.attn, M, QD, S.xq);
     be.matmul(L.wo, S.attn, S.xq, M, S.o, H);
     be.add(S.x, S.o, size_t(M) * H);
     // ---- MLP block ----
     be.rmsnorm(S.x, L.mlp_norm, M, H, c.rms_eps, S.h);
     S.xq.valid = false;
-    if (L.w_gate.dtype == DType::NVFP4 || L.w_gate.dtype == DType::W4A8) be.quantize_input(S.h, M, H, S.xq);
+    if (is_integer(L.w_gate.dtype)) be.quantize_input(S.h, M, H, S.xq);
     const Backend::MatmulOut gate_up[2] = {{&L.w_gate, S.gate, F}, {&L.w_up, S.up, F}};  // [M, F] each
     be.matmul_many(gate_up, 2, S.h, S.xq, M);
     be.silu_mul(S.gate, S.up, M, F, S.act);
     S.xq.valid = false;
-    if (L.w_down.dtype == DType::NVFP4 || L.w_down.dtype == DType::W4A8) be.quantize_input(S.act, M, F, S.xq);
+    if (is_integer(L.w_down.dtype)) be.quantize_input(S.act, M, F, S.xq);
     be.matmul(L.w_down, S.act, S.xq, M, S.o, H);
     be.add(S.x, S.o, size_t(M) * H);
   }
@@ -372,7 +369,7 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   // ---- head: final norm + lm_head, over the last row or all rows in sub-chunks ----
   const int V = c.vocab;
   const WeightView& head = weights_.lm_head;
-  const bool integer = head.dtype == DType::NVFP4 || head.dtype == DType::W4A8;
+  const bool integer = is_integer(head.dtype);
   const int first = all_logits ? 0 : M - 1;
   for (int r0 = first; r0 < M; r0 += S.logit_rows) {
     const int R = std::min(S.logit_rows, M - r0);

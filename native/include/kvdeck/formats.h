@@ -26,6 +26,8 @@ constexpr int kQ8Block = 32;     // run-time int8 activation block
 constexpr int kQuantPad = 32;    // K of quantised weights is padded to a multiple of this
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+// Formats that run on the integer path and read run-time int8 activations.
+inline bool is_integer(DType t) { return t == DType::NVFP4 || t == DType::W4A8; }
 const char* dtype_name(DType t);
 
 // ---- scalar codecs -----------------------------------------------------------------
