@@ -29,12 +29,13 @@ $(VENV)/.venv:
 # Build tools and runtime + conversion dependencies (no torch).
 $(VENV)/.deps: $(VENV)/.venv pyproject.toml
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.13" ninja cmake
-	$(PIP) install -q numpy safetensors tokenizers orjson "llguidance>=1.0" psutil "gguf>=0.10" "jinja2>=3"
+	$(PIP) install -q numpy safetensors tokenizers orjson "llguidance>=1.0" psutil "gguf>=0.10" "jinja2>=3" \
+	  "textual>=1.0" "sqlite-utils>=4.0" "platformdirs>=4" 'tomli>=2; python_version < "3.11"'
 	touch $@
 
 # Tests and references: torch 2.13.0 (CPU build from local disk), transformers, hypothesis.
 $(VENV)/.test-deps: $(VENV)/.deps
-	$(PIP) install -q torch==2.13.0 "transformers>=4.45" pytest hypothesis
+	$(PIP) install -q torch==2.13.0 "transformers>=4.45" pytest hypothesis "pytest-textual-snapshot>=1.0"
 	touch $@
 
 # The native module: incremental rebuild (persistent build/ dir) whenever native/ changes.
