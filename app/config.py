@@ -17,13 +17,18 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     max_tokens = 200          # tokens per free reply
     follow_up = "none"        # tool_choice after a tool result: "none" answers from it (the 135M default
                               # model loops on "auto"); "auto" lets a larger model chain tools
+
+    [store]
+    path = ""                 # the sessions database ("" = kvdeck.db in the user data folder)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -53,9 +58,15 @@ class AgentSettings:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    path: str = ""  # "" = default_db_path()
+
+
+@dataclass(frozen=True)
 class Settings:
     engine: EngineSettings = EngineSettings()
     agent: AgentSettings = AgentSettings()
+    store: StoreSettings = StoreSettings()
 
 
 class ConfigError(Exception):
@@ -72,6 +83,7 @@ def load_settings(path: Path | None = None, **overrides) -> Settings:
     path = path or config_path()
     engine = EngineSettings()
     agent = AgentSettings()
+    store = StoreSettings()
     if path.is_file():
         try:
             data = tomllib.loads(path.read_text())
@@ -89,5 +101,134 @@ def load_settings(path: Path | None = None, **overrides) -> Settings:
             if key not in known:
                 raise ConfigError(f"{path}: [agent] has unknown field '{key}' (known: {', '.join(known)})")
         agent = replace(agent, **section)
+        section = data.get("store", {})
+        known = {f.name for f in fields(StoreSettings)}
+        for key in section:
+            if key not in known:
+                raise ConfigError(f"{path}: [store] has unknown field '{key}' (known: {', '.join(known)})")
+        store = replace(store, **section)
     engine = replace(engine, **{k: v for k, v in overrides.items() if v is not None})
-    return Settings(engine=engine, agent=agent)
+    return Settings(engine=engine, agent=agent, store=store)
+
+
+def default_db_path() -> Path:
+    """The sessions database in the user data folder (platformdirs), e.g. ~/.local/share/kvdeck/kvdeck.db."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("kvdeck")) / "kvdeck.db"
+
+
+# ---- the run configuration ----------------------------------------------------------------
+_SWITCHES = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a session ran: the one object a replay changes (`with_`). Stored as JSON with the session.
+
+    threads 0 = all cores; kv_pages 0 = sized for the model's context; tools = the tool names.
+    """
+
+    model: str = "smollm2-135m"
+    model_sha256: str = ""
+    weight_format: str = "nvfp4"
+    kv_format: str = "f32"
+    backend: str = "cpu"
+    threads: int = 0
+    kv_pages: int = 0
+    kv_block: int = 16
+    prefix_cache: bool = True
+    prewarm: bool = True
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    max_steps: int = 4
+    max_tokens: int = 200
+    call_max_tokens: int = 160
+    follow_up: str = "none"
+    tools: tuple[str, ...] = ()
+    workspace: str = "workspace"
+
+    def with_(self, **changes) -> RunConfig:
+        """A changed copy; unknown field names are a ConfigError naming them."""
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(changes) - known)
+        if bad:
+            raise ConfigError(f"RunConfig has no field {', '.join(bad)} (fields: {', '.join(sorted(known))})")
+        if "tools" in changes:
+            changes["tools"] = tuple(changes["tools"])
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["tools"] = list(self.tools)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        """Build from a stored dict; fields it lacks take their defaults, unknown ones are an error."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a run configuration is a JSON object, got {type(d).__name__}")
+        return cls().with_(**d)
+
+
+# Short names `kvdeck replay --with` accepts, besides every RunConfig field name.
+RUN_ALIASES = {"weights": "weight_format", "kv": "kv_format", "cache": "prefix_cache", "pages": "kv_pages",
+               "block": "kv_block", "steps": "max_steps"}
+
+
+def parse_changes(spec: str) -> dict:
+    """'weights=f16,cache=off,pages=64' → RunConfig changes, typed by the field. ConfigError names the bad item."""
+    types = {f.name: f.type for f in fields(RunConfig)}
+    out: dict = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, sep, value = item.partition("=")
+        key = RUN_ALIASES.get(key.strip(), key.strip())
+        if not sep or key not in types:
+            raise ConfigError(f"--with {item!r}: expected FIELD=VALUE with FIELD one of "
+                              f"{', '.join(sorted(set(types) | set(RUN_ALIASES)))}")
+        kind, value = types[key], value.strip()
+        try:
+            if kind == "bool":
+                if value.lower() not in _SWITCHES:
+                    raise ValueError("expected on/off")
+                out[key] = _SWITCHES[value.lower()]
+            elif kind == "int":
+                out[key] = int(value)
+            elif kind == "float":
+                out[key] = float(value)
+            elif kind.startswith("tuple"):
+                out[key] = tuple(v for v in value.split("+") if v)
+            else:
+                out[key] = value
+        except ValueError as e:
+            raise ConfigError(f"--with {item!r}: {e}") from None
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a (weights) file, remembered in the user cache folder by path, size and mtime."""
+    import platformdirs
+
+    st = path.stat()
+    key = hashlib.blake2b(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode(), digest_size=12).hexdigest()
+    cache = Path(platformdirs.user_cache_dir("kvdeck")) / "sha256" / key
+    try:
+        return cache.read_text().strip()
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(digest)
+    except OSError:
+        pass
+    return digest
