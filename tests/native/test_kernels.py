@@ -9,6 +9,11 @@ quantize_act_q8 must match models.quant.q8 bit for bit.
 """
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,6 +27,8 @@ from models.quant.w4a8 import quantize_w4a8
 K_ = _native.kernels
 ISAS = [isa for isa in ("scalar", "avx2", "avx512vnni") if K_.cpu_supports(isa)]
 REL_TOL = 1e-5
+# Fixed per-format seeds (hash(str) is salted per process, so it gave a different case each run).
+SEEDS = {"f32": 101, "f16": 102, "nvfp4": 103, "w4a8": 104}
 
 # (N, K, M, n0, n1, ldy_extra)
 SHAPES = [
@@ -96,7 +103,7 @@ def _check(fmt, w_kw, wd, x, n0, n1, ldy):
 
 @pytest.mark.parametrize("fmt", ["f32", "f16", "nvfp4", "w4a8"])
 def test_gemm_matches_oracle(isa, fmt):
-    rng = np.random.default_rng(hash(fmt) % 1000)
+    rng = np.random.default_rng(SEEDS[fmt])
     for N, K, M, n0, n1, extra in SHAPES:
         w = _rand(rng, (N, K), 0.05)
         x = _rand(rng, (M, K))
@@ -157,13 +164,70 @@ def test_quantize_act_q8_bit_exact(isa):
         np.testing.assert_array_equal(s, rs)
 
 
+def _best_isa_from_cpuinfo() -> str:
+    """The ISA dispatch.cpp should pick, read independently of it from /proc/cpuinfo flags."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "scalar"
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "scalar"
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
+        return "avx512vnni"
+    return "avx2"
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="needs /proc/cpuinfo (Linux)")
+def test_default_isa_is_the_best_the_cpu_has():
+    """A fresh process (nothing has called set_kernel_isa) picks the best ISA cpuid reports."""
+    code = "from app.engine import _native; print(_native.kernels.kernel_isa())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    want = _best_isa_from_cpuinfo()
+    assert out == want, f"default kernel ISA {out!r}, the CPU's best is {want!r}"
+    assert K_.cpu_supports(want) and want in ISAS
+
+
 def test_isa_selection():
     assert K_.cpu_supports("scalar")
     assert not K_.cpu_supports("nonsense")
+    before = K_.kernel_isa()
     assert not K_.set_kernel_isa("nonsense")
-    assert K_.kernel_isa() in ISAS
-    # the default is the best the CPU supports
-    assert K_.kernel_isa() == ISAS[-1] or K_.kernel_isa() in ISAS
+    assert K_.kernel_isa() == before, "a refused ISA must leave the active one unchanged"
+
+
+def _sequential_f32(x, w):
+    """y[m, n] = (((x0 w0) + x1 w1) + ...) in float32, product and sum each rounded: the order
+    and rounding of gemm_scalar.cpp's dense loop (no FMA)."""
+    acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    for k in range(x.shape[1]):
+        acc = acc + x[:, k, None] * w[None, :, k]
+    return acc
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or len(ISAS) < 2,
+                    reason="needs a vector ISA beside scalar (x86_64; the scalar build has no FMA there)")
+def test_set_kernel_isa_changes_which_kernel_runs():
+    """The selected ISA is the one that ran: scalar f32 gemm is the sequential float32 sum bit for
+    bit; every vector ISA sums in lanes, so over K = 576 its bits differ from scalar's."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 576)).astype(np.float32)
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    before = K_.kernel_isa()
+    try:
+        assert K_.set_kernel_isa("scalar")
+        scalar = K_.gemm("f32", w, x)
+        np.testing.assert_array_equal(scalar, _sequential_f32(x, w))
+        for isa in ISAS[1:]:
+            assert K_.set_kernel_isa(isa)
+            y = K_.gemm("f32", w, x)
+            assert (y != scalar).any(), f"{isa} gave scalar's bits exactly: the scalar kernel ran"
+            np.testing.assert_allclose(y, scalar, rtol=0, atol=1e-4 * np.abs(scalar).max())
+    finally:
+        K_.set_kernel_isa(before)
 
 
 def test_bad_arguments():

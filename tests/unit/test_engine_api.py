@@ -67,10 +67,18 @@ def test_sampler_against_numpy_softmax():
 
 
 def test_seeded_sampling_is_reproducible(eng):
+    """The seed decides the sample: the same seed repeats the tokens, other seeds change them
+    (a sampler that ignored the seed, fixed or fresh entropy, fails one of the two)."""
     ids = chat_ids(eng, "Tell me about robots.")
-    sp = SamplingParams(temperature=0.9, top_p=0.95, seed=42)
-    a, b = list(eng.generate(ids, sp, max_tokens=12)), list(eng.generate(ids, sp, max_tokens=12))
-    assert a == b
+
+    def run(seed):
+        sp = SamplingParams(temperature=1.0, top_p=1.0, seed=seed)
+        return tuple(eng.generate(ids, sp, max_tokens=12))
+
+    a = run(42)
+    assert run(42) == a
+    others = {run(seed) for seed in (1, 2, 3)}
+    assert len(others | {a}) >= 3, f"4 seeds gave only {len(others | {a})} distinct samples"
 
 
 def test_bad_sampling_parameters_are_refused():
