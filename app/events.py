@@ -119,12 +119,20 @@ class EngineCallFinished(Event):
     output_tokens: int
     tool_choice: str
     telemetry: dict | None = None  # per-call telemetry summary (app.telemetry), when a source works
+    # The context budget (app/agent/budget.py): tokens this session's call may use (prompt + reply),
+    # what it used, and — for a call whose prompt was trimmed — the ids dropped and the ids of the
+    # kept history recomputed because of the trim. trimmed_tokens > 0 marks a trim call.
+    context_budget: int = 0
+    context_used: int = 0
+    trimmed_tokens: int = 0
+    trim_recomputed_tokens: int = 0
 
     def as_dict(self) -> dict:
         d = {"event": "EngineCallFinished", "session_id": self.session_id, "t_mono": self.t_mono,
              "t_wall": self.t_wall, "turn": self.turn, "call": self.call, "tool_choice": self.tool_choice,
              "reusable_tokens": self.reusable_tokens, "output_tokens": self.output_tokens,
-             "telemetry": self.telemetry}
+             "telemetry": self.telemetry, "context_budget": self.context_budget, "context_used": self.context_used,
+             "trimmed_tokens": self.trimmed_tokens, "trim_recomputed_tokens": self.trim_recomputed_tokens}
         return d | self.stats.as_dict()
 
 
@@ -134,7 +142,7 @@ class PrefixBreak(Event):
 
     turn: int
     call: int
-    cause: str  # "prompt changed" | "cache shortfall"
+    cause: str  # "prompt changed" | "cache shortfall" | "trimmed" (the context budget dropped old turns)
     index: int  # first divergent token (or first uncached token for a shortfall)
     segment: str  # system | tools | history[i]:role | user | assistant
     promised_tokens: int
