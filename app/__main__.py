@@ -219,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["telemetry"]:
+        from app.telemetry.cli import main as telemetry_main
+
+        return telemetry_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="kvdeck", description="On-device LLM agent console")
     sub = parser.add_subparsers(dest="cmd")

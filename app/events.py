@@ -210,7 +210,9 @@ class ToolReturned(Event):
 # ---- telemetry ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TelemetrySample(Event):
-    """One telemetry reading (added for the telemetry helper; values: name → number)."""
+    """One telemetry reading: app.telemetry.Sample.values() (temps_c, rails_w, power_w, power_scope,
+    clocks_mhz, caps_mhz, load_pct, mem_mb, power_mode, throttle, notes); app.telemetry.to_event()
+    builds it. source: the reader ("jetson-sysfs", "nvml", "psutil", "recorded:...")."""
 
     source: str
     values: dict
