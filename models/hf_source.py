@@ -8,27 +8,28 @@ Qwen3ForCausalLM ("qwen3", q/k RMSNorm). HF checkpoints are already in rotate-ha
 tensors pass through unchanged (only cast to float32).
 
 Safetensors files are parsed here (header + ``np.memmap``) rather than with safetensors.numpy,
-which cannot read bf16: bf16 is widened to f32 by a 16-bit shift. A header whose offsets run past
-the end of the file is reported as truncated with expected vs actual size.
+which cannot read bf16: bf16 is widened to f32 by a 16-bit shift. The header is validated by
+models/safetensors_check.py; config.json fields and every tensor's shape are checked against
+each other before any tensor is read, so a damaged or lying checkpoint is a ModelError naming the
+file and the field or tensor, never a wrong tensor in the output.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from .errors import ModelError, require_file
+from .hf_config import ARCHITECTURES, expected_shapes, read_hf_config, token_ids
+from .safetensors_check import parse_header
 from .tokenizer_build import detect_chat_format, stop_token_ids
 from .writer import ModelSource
 
 __all__ = ["ARCHITECTURES", "SafetensorsFile", "load_hf_folder", "bf16_to_f32"]
-
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -42,69 +43,38 @@ def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
 
 
 class SafetensorsFile:
-    """One safetensors file: validated header, tensors read lazily through a memmap.
+    """One safetensors file: header validated by :func:`models.safetensors_check.parse_header`
+    (offsets inside the file, no overlap or hole, bytes = prod(shape) x dtype size), tensors read
+    lazily through a read-only memmap.
 
     ``names``: tensor names in file order; ``shape(name)``; ``read(name)`` -> float32 ndarray
     (floating tensors; bf16/f16/f64 converted) or the stored integer dtype.
     """
 
     def __init__(self, path: str | Path):
-        self.path = p = require_file(path, "safetensors weights")
-        size = p.stat().st_size
-        if size < 8:
-            raise ModelError(f"{p}: truncated safetensors: {size} bytes, not even the 8-byte header length")
-        with open(p, "rb") as fh:
-            (hlen,) = struct.unpack("<Q", fh.read(8))
-            if 8 + hlen > size:
-                raise ModelError(f"{p}: truncated or corrupted safetensors: header says {hlen} header bytes "
-                                 f"but the file has {size} bytes in all")
-            raw = fh.read(hlen)
-        try:
-            header = json.loads(raw)
-            if not isinstance(header, dict):
-                raise ValueError("header is not a JSON object")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ModelError(f"{p}: corrupted safetensors header: {e}") from None
-        self.metadata = header.pop("__metadata__", None) or {}
-        self._hdr: dict[str, dict] = header
-        self._base = 8 + hlen
-        end = 0
-        for name, info in header.items():
-            try:
-                dt, shape, (a, b) = info["dtype"], info["shape"], info["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise ModelError(f"{p}: corrupted safetensors header entry for tensor {name!r}") from None
-            if dt not in _DTYPES:
-                raise ModelError(f"{p}: tensor {name!r} has unsupported dtype {dt}; "
-                                 f"supported: {', '.join(_DTYPES)}")
-            need = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dt]).itemsize
-            if b - a != need:
-                raise ModelError(f"{p}: corrupted safetensors: tensor {name!r} {dt}{shape} needs {need} bytes, "
-                                 f"header gives {b - a}")
-            end = max(end, b)
-        if self._base + end > size:
-            raise ModelError(f"{p}: truncated safetensors: expected {self._base + end} bytes, found {size}")
-        self._mm = np.memmap(p, dtype=np.uint8, mode="r") if size else None
+        self.header = parse_header(path, {k: np.dtype(v).itemsize for k, v in _DTYPES.items()})
+        self.path = self.header.path
+        self.metadata = self.header.metadata
+        self._entries = self.header.tensors
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
 
     @property
     def names(self) -> list[str]:
-        return list(self._hdr)
+        return list(self._entries)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._hdr[name]["shape"])
+        return self._entries[name].shape
 
     def numel(self, name: str) -> int:
-        return int(np.prod(self.shape(name), dtype=np.int64))
+        return self._entries[name].numel
 
     def read(self, name: str) -> np.ndarray:
         """The tensor as an ndarray in its logical shape; floating types as float32 (copy)."""
-        info = self._hdr[name]
-        a, b = info["data_offsets"]
-        raw = self._mm[self._base + a: self._base + b]
-        arr = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-        if info["dtype"] == "BF16":
+        e = self._entries[name]
+        arr = self._mm[e.begin: e.end].view(_DTYPES[e.dtype]).reshape(e.shape)
+        if e.dtype == "BF16":
             return bf16_to_f32(arr)
-        if info["dtype"] in ("F16", "F64", "F32"):
+        if e.dtype in ("F16", "F64", "F32"):
             return arr.astype(np.float32)
         return np.array(arr)
 
@@ -112,17 +82,20 @@ class SafetensorsFile:
 def _read_json(path: Path, what: str) -> dict:
     require_file(path, what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ModelError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ModelError(f"{path}: the {what} is not a JSON object")
+    return obj
 
 
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         wm = _read_json(index, "safetensors index").get("weight_map")
-        if not isinstance(wm, dict) or not wm:
-            raise ModelError(f"{index}: no 'weight_map' in the safetensors index")
+        if not isinstance(wm, dict) or not wm or not all(isinstance(f, str) for f in wm.values()):
+            raise ModelError(f"{index}: no 'weight_map' of tensor name -> file name in the safetensors index")
         files = sorted({folder / f for f in wm.values()})
         for f in files:
             require_file(f, f"weight shard listed in {index.name}")
@@ -146,13 +119,9 @@ def _chat_template(folder: Path, tok_cfg: dict) -> str | None:
     if isinstance(ct, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         by_name = {d.get("name"): d.get("template") for d in ct if isinstance(d, dict)}
         ct = by_name.get("default") or next(iter(by_name.values()), None)
+    if ct is not None and not isinstance(ct, str):
+        raise ModelError(f"{folder}: chat_template should be a string, got {type(ct).__name__}")
     return ct
-
-
-def _as_list(v: Any) -> list[int]:
-    if v is None:
-        return []
-    return [int(x) for x in (v if isinstance(v, list) else [v])]
 
 
 def _sha256_files(files: list[Path], chunk: int = 1 << 22) -> str:
@@ -165,21 +134,28 @@ def _sha256_files(files: list[Path], chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def expected_tensor_names(arch: str, n_layers: int, tied: bool, bias: bool, qk_norm: bool) -> list[str]:
-    """The HF tensor names a supported checkpoint must contain."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not tied:
-        names.append("lm_head.weight")
-    for i in range(n_layers):
-        L = f"model.layers.{i}."
-        names += [L + "input_layernorm.weight", L + "post_attention_layernorm.weight"]
-        names += [L + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-        names += [L + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
-        if bias:
-            names += [L + f"self_attn.{x}_proj.bias" for x in "qkv"]
-        if qk_norm:
-            names += [L + "self_attn.q_norm.weight", L + "self_attn.k_norm.weight"]
-    return names
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _check_tensors(shapes: dict[str, tuple[int, ...]], where: dict[str, SafetensorsFile],
+                   files: list[SafetensorsFile], cfg_path: Path) -> None:
+    """Every expected tensor present, floating, of the shape config.json implies; none extra."""
+    missing = [n for n in shapes if n not in where]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise ModelError(f"{files[0].path}: missing tensors {shown}")
+    extra = [n for n in where if n not in shapes]
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
+        raise ModelError(f"{where[extra[0]].path}: tensors {shown} are not part of the model "
+                         f"{cfg_path.name} describes")
+    for n, want in shapes.items():
+        e = where[n].header.tensors[n]
+        if e.dtype not in _FLOAT_DTYPES:
+            raise ModelError(f"{where[n].path}: tensor {n!r} has dtype {e.dtype}, expected a float type")
+        if e.shape != want:
+            raise ModelError(f"{where[n].path}: tensor {n!r} has shape {list(e.shape)}, "
+                             f"{cfg_path.name} implies {list(want)}")
 
 
 def load_hf_folder(path: str | Path, name: str | None = None) -> ModelSource:
@@ -190,37 +166,32 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> ModelSource:
         raise ModelError(f"{folder}: not a model folder (no such directory)")
     cfg_path = folder / "config.json"
     hf = _read_json(cfg_path, "model config")
-    archs = hf.get("architectures") or []
-    arch_name = next((a for a in archs if a in ARCHITECTURES), None)
-    if arch_name is None:
-        raise ModelError(f"{cfg_path}: unsupported architecture {', '.join(archs) or hf.get('model_type')!s}; "
-                         f"supported: {', '.join(ARCHITECTURES)}")
-    arch = ARCHITECTURES[arch_name]
-    if hf.get("mlp_bias"):
-        raise ModelError(f"{cfg_path}: mlp_bias=true is not supported by kvdeck's {arch} forward pass")
-    if arch == "qwen2" and hf.get("use_sliding_window"):
-        raise ModelError(f"{cfg_path}: use_sliding_window=true is not supported")
+    c = read_hf_config(hf, cfg_path)
+    arch, arch_name = c.arch, c.arch_name
 
-    # --- weights ---
+    # --- weights: every tensor the config implies, with the shape it implies, and nothing else ---
     files = [SafetensorsFile(f) for f in _weight_files(folder)]
     where: dict[str, SafetensorsFile] = {}
     for sf in files:
         for n in sf.names:
-            if not n.endswith(_IGNORED_SUFFIXES):
-                where[n] = sf
+            if n.endswith(_IGNORED_SUFFIXES):
+                continue
+            if n in where:
+                raise ModelError(f"{sf.path}: tensor {n!r} is also in {where[n].path.name}")
+            where[n] = sf
     if any(n.endswith("o_proj.bias") for n in where):
         raise ModelError(f"{files[0].path}: o_proj biases are not supported (only q/k/v biases, as in Qwen2)")
-    n_layers = int(hf["num_hidden_layers"])
-    tied = bool(hf.get("tie_word_embeddings", False))
-    bias = "model.layers.0.self_attn.q_proj.bias" in where
-    qk_norm = "model.layers.0.self_attn.q_norm.weight" in where
-    expected = expected_tensor_names(arch, n_layers, tied, bias, qk_norm)
-    missing = [n for n in expected if n not in where]
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
-        raise ModelError(f"{files[0].path}: missing tensors {shown}")
+    tied = c.tie_word_embeddings
+    bias = arch == "qwen2" or "model.layers.0.self_attn.q_proj.bias" in where
+    qk_norm = arch == "qwen3" or "model.layers.0.self_attn.q_norm.weight" in where
     if tied:
         where.pop("lm_head.weight", None)
+    emb = where.get("model.embed_tokens.weight")
+    rows = (emb.shape("model.embed_tokens.weight") or (0,))[0] if emb is not None else 0
+    vocab = c.vocab_size if c.vocab_size is not None else rows
+    shapes = expected_shapes(c, vocab, bias, qk_norm)
+    _check_tensors(shapes, where, files, cfg_path)
+    expected = list(shapes)
 
     # --- tokenizer + chat ---
     tok_path = require_file(folder / "tokenizer.json", "tokenizer")
@@ -243,43 +214,36 @@ def load_hf_folder(path: str | Path, name: str | None = None) -> ModelSource:
             t = t.get("content")
         return tok.token_to_id(t) if isinstance(t, str) else None
 
-    eos_ids = _as_list(hf.get("eos_token_id")) + _as_list(gen.get("eos_token_id"))
+    eos_ids = c.eos_token_ids + token_ids(gen.get("eos_token_id"), "eos_token_id", gen_path)
     eos = tok_id("eos_token")
     if eos is None:
         eos = eos_ids[0] if eos_ids else None
-    bos = hf.get("bos_token_id")
-    bos = _as_list(bos)[0] if bos is not None else tok_id("bos_token")
-
-    rope = hf.get("rope_parameters") or {}
-    rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-    scaling = hf.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
-                                         if rope.get("rope_type", "default") != "default" else None)
-    if scaling and scaling.get("rope_type", scaling.get("type")) in ("default", None):
-        scaling = None
-    n_head = int(hf["num_attention_heads"])
-    hidden = int(hf["hidden_size"])
-    emb_rows = where["model.embed_tokens.weight"].shape("model.embed_tokens.weight")[0]
+    bos = c.bos_token_ids[0] if c.bos_token_ids else tok_id("bos_token")
+    stops = stop_token_ids(chat_format, [eos, *eos_ids], tok.token_to_id)
+    bad = [i for i in (bos, *stops) if i is not None and not 0 <= i < vocab]
+    if bad:
+        raise ModelError(f"{cfg_path}: token ids {bad} (bos/eos/stop) are outside the vocabulary [0, {vocab})")
     meta = {
         "architecture": arch,
-        "hidden_size": hidden,
-        "intermediate_size": int(hf["intermediate_size"]),
-        "num_hidden_layers": n_layers,
-        "num_attention_heads": n_head,
-        "num_key_value_heads": int(hf.get("num_key_value_heads") or n_head),
-        "head_dim": int(hf.get("head_dim") or hidden // n_head),
-        "vocab_size": int(emb_rows),
-        "rope_theta": float(rope_theta),
-        "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-        "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": int(vocab),
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
         "tie_word_embeddings": tied,
         "attention_bias": bias,
         "qk_norm": qk_norm,
         "bos_token_id": bos,
         "eos_token_id": eos,
-        "stop_token_ids": stop_token_ids(chat_format, [eos, *eos_ids], tok.token_to_id),
+        "stop_token_ids": stops,
         "chat_format": chat_format,
         "chat_template": template,
-        "rope_scaling": scaling,
+        "rope_scaling": c.rope_scaling,
     }
 
     names = [n for n in expected if n in where]
