@@ -1,18 +1,24 @@
-"""`kvdeck bench cpu [--json] [--threads N] [--reps R] [--quick]`: end-to-end CPU speed vs llama.cpp.
+"""`kvdeck bench cpu [--json] [--threads N] [--reps R] [--quick] [--load N,...]`: CPU speed vs llama.cpp.
 
-For each kvdeck weight format (nvfp4, w4a8, f16) of SmolLM2-135M:
-  * prefill tok/s for a 512- and a 2048-token prompt (cold sequence, last-token logits);
-  * decode tok/s for 128 tokens after a 32-token and after a 2048-token context
-    (one token per call, last-token logits each call; the token ids are given, not sampled).
-When llama-cpp-python is installed (`pip install -e '.[bench]'`), the same four figures for
-llama.cpp on the same weights requantised to Q4_0 (its fastest 4-bit CPU path; made once
-from the shipped Q4_1 GGUF with allow_requantize and cached beside it) and on the shipped
-Q4_1 file; every kvdeck figure is also given as a ratio to llama.cpp Q4_0 of the same run.
+Table mode (the default), for each kvdeck weight format (nvfp4, w4a8, f16) of SmolLM2-135M:
+  * prefill tok/s of a 512- and a 2048-token prompt (cold sequence, last-token logits);
+  * decode tok/s of 128 one-token calls after a 32- and after a 2048-token context (the timed
+    2048-token prefill is the context of the decode after it).
+The peer is llama.cpp (llama-cpp-python, app/bench/peer.py) on the same weights as Q4_0, in four
+settings: flash attention off/on x n_ubatch 512/2048. Its best setting per figure is the
+reference of every ratio, and the setting that won is printed beside it.
+
+Load mode (`--load 0,1,2`): decode after 32 tokens, ours (the first --formats entry) and the
+peer (Q4_0, flash attention off and on: n_ubatch cannot matter to a one-token batch), with N
+busy-looping processes beside them (app/bench/load.py); each figure also as a ratio to the same
+engine's idle figure. Level 0 is always measured.
 
 Fairness: the same thread count for both (all cores unless --threads), the same token ids
-(fixed-seed random ids from the ordinary vocabulary), llama.cpp with n_batch = n_ubatch =
-the longest prompt (one graph per prefill, as ours), a warm-up run of every measurement,
-and the median of --reps repetitions. Both sides compute logits of the last token only.
+(fixed-seed random ids from the ordinary vocabulary), an f16 KV cache for both, one warm-up per
+engine, then --reps repetitions in which every measurement runs on each engine in turn (A B A B,
+the order rotated each repetition) so that a busy phase of a shared machine hits all engines;
+the median of the repetitions. Also printed: the CPU's SIMD flags, the machine's memory copy
+bandwidth, and the weight bytes each engine reads per decode token (app/bench/weightbytes.py).
 """
 from __future__ import annotations
 
@@ -23,23 +29,55 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from app.bench import peer
+from app.bench.load import BusyLoad
+from app.bench.weightbytes import gguf_weight_bytes, kvdeck_weight_bytes
+
 MODEL = "smollm2-135m"
 FORMATS = ("nvfp4", "w4a8", "f16")
-PREFILL = (512, 2048)           # prompt lengths
-DECODE_CTX = (32, 2048)         # context before the decode run
-DECODE_TOKENS = 128
-N_CTX = 4096                    # both engines: room for 2048 + 128 with margin
 KV = "f16"                      # our KV pages in f16, as llama.cpp's default cache type
 SEED = 1234
 TOKEN_RANGE = (256, 49000)      # ordinary (non-special) ids of the SmolLM2 vocabulary
-GGUF_DIR = Path("models/weights/_downloads")
-GGUF_Q41 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_Q40 = "SmolLM2-135M-Instruct.Q4_0.gguf"   # made from GGUF_Q41, cached
-INSTALL_HINT = "pip install -e '.[bench]'   (llama-cpp-python: compiles llama.cpp, a few minutes)"
+BUSY_MAX_S = 600.0              # lifetime of a busy process (killed earlier, at its level's end)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures: prefill lengths, decode contexts, decoded tokens per decode run."""
+    prefill: tuple[int, ...]
+    decode_ctx: tuple[int, ...]
+    decode_tokens: int
+
+    def figures(self) -> list[str]:
+        return [f"prefill_{n}" for n in self.prefill] + [f"decode_{c}" for c in self.decode_ctx]
+
+    def tokens(self, figure: str) -> int:
+        kind, n = figure.split("_")
+        return int(n) if kind == "prefill" else self.decode_tokens
+
+    @property
+    def n_ctx(self) -> int:
+        return max(self.prefill + self.decode_ctx) + self.decode_tokens
+
+    @property
+    def n_batch(self) -> int:
+        return max(self.prefill + self.decode_ctx)
+
+
+FULL = Plan(prefill=(512, 2048), decode_ctx=(32, 2048), decode_tokens=128)
+QUICK = Plan(prefill=(128,), decode_ctx=(32,), decode_tokens=16)
+LOAD = Plan(prefill=(), decode_ctx=(32,), decode_tokens=128)
+LOAD_QUICK = Plan(prefill=(), decode_ctx=(32,), decode_tokens=16)
+
+
+def label(figure: str) -> str:
+    kind, n = figure.split("_")
+    return f"prefill {n}" if kind == "prefill" else f"decode@{n}"
 
 
 # ============================================================================
@@ -62,208 +100,286 @@ def cpu_facts() -> dict:
     return {"model": model, "cores": os.cpu_count(), "flags": [f for f in keep if f in flags]}
 
 
-def _median_rate(fn, n_tokens: int, reps: int) -> float:
-    """tok/s: one warm-up call of fn, then the median of reps timed calls (fn returns seconds)."""
-    fn()
-    return n_tokens / statistics.median(fn() for _ in range(reps))
-
-
-# ============================================================================
-# kvdeck
-# ============================================================================
-def bench_kvdeck(fmt: str, ids: np.ndarray, threads: int, reps: int) -> dict:
-    from app.engine import load_engine
-
-    eng = load_engine(MODEL, weights=fmt, kv=KV, threads=threads, max_context=N_CTX)
-    nat = eng.native
-
-    def prefill(n: int) -> float:
-        seq = nat.open_sequence()
-        try:
-            t0 = time.perf_counter()
-            nat.forward(seq, ids[:n], False)
-            return time.perf_counter() - t0
-        finally:
-            nat.close_sequence(seq)
-
-    def decode(ctx: int) -> float:
-        seq = nat.open_sequence()
-        try:
-            nat.forward(seq, ids[:ctx], False)
-            steps = ids[ctx:ctx + DECODE_TOKENS]
-            t0 = time.perf_counter()
-            for i in range(DECODE_TOKENS):
-                nat.forward(seq, steps[i:i + 1], False)
-            return time.perf_counter() - t0
-        finally:
-            nat.close_sequence(seq)
-
-    out = {f"prefill_{n}": _median_rate(lambda n=n: prefill(n), n, reps) for n in PREFILL}
-    out.update({f"decode_{c}": _median_rate(lambda c=c: decode(c), DECODE_TOKENS, reps) for c in DECODE_CTX})
-    out["isa"] = _isa()
-    return out
-
-
-def _isa() -> str:
-    from app.engine import _native
-    return _native.kernels.kernel_isa()
-
-
-# ============================================================================
-# llama.cpp (llama-cpp-python), the peer
-# ============================================================================
-def _llama_cpp():
+def load_avg() -> float | None:
     try:
-        import llama_cpp
-        return llama_cpp
-    except ImportError:
+        return os.getloadavg()[0]
+    except OSError:
         return None
 
 
-def ensure_q4_0(llama_cpp, src: Path, dst: Path, threads: int) -> Path:
-    """Requantise the shipped Q4_1 GGUF to Q4_0 once (allow_requantize); cached at dst."""
-    if dst.exists():
-        return dst
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
-    params.allow_requantize = True
-    params.nthread = threads
-    tmp = dst.with_suffix(".tmp")
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize {src} -> {dst} failed ({rc})")
-    tmp.rename(dst)
-    return dst
+# ============================================================================
+# kvdeck runner and the interleaved schedule
+# ============================================================================
+class KvdeckRunner:
+    """One kvdeck engine (one weight format) with the same timing calls as peer.LlamaRunner.
+
+    Calls forward on fresh sequences directly (no prefix-cache lookup: every prefill computes).
+    """
+
+    def __init__(self, fmt: str, ids: np.ndarray, threads: int, n_ctx: int):
+        from app.engine import _native, load_engine
+
+        self.name, self.fmt, self.ids = f"kvdeck {fmt}", fmt, ids
+        self.engine = load_engine(MODEL, weights=fmt, kv=KV, threads=threads, max_context=n_ctx)
+        self.nat = self.engine.native
+        self.isa = _native.kernels.kernel_isa()
+
+    def prefill(self, n: int) -> float:
+        return self.prefill_decode(n, 0)[0]
+
+    def prefill_decode(self, ctx: int, n_decode: int) -> tuple[float, float]:
+        seq = self.nat.open_sequence()
+        try:
+            t0 = time.perf_counter()
+            self.nat.forward(seq, self.ids[:ctx], False)
+            t1 = time.perf_counter()
+            for i in range(ctx, ctx + n_decode):
+                self.nat.forward(seq, self.ids[i:i + 1], False)
+            return t1 - t0, time.perf_counter() - t1
+        finally:
+            self.nat.close_sequence(seq)
+
+    def close(self) -> None:
+        self.engine = self.nat = None
 
 
-def _memory_clear(llama_cpp, ctx) -> None:
-    if hasattr(llama_cpp, "llama_memory_clear"):
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-    elif hasattr(llama_cpp, "llama_kv_self_clear"):
-        llama_cpp.llama_kv_self_clear(ctx)
-    else:
-        llama_cpp.llama_kv_cache_clear(ctx)
+def measure(runners: list, plan: Plan, reps: int, warmup: bool = True) -> dict[str, dict[str, float]]:
+    """tok/s per runner name per figure: the median of reps, the runners interleaved.
+
+    Each repetition runs every step on every runner before the next step (the runner order
+    rotated by one each repetition). A decode step's timed prefill is also the prefill figure
+    of that length when the plan has one.
+    """
+    steps = [("prefill", n) for n in plan.prefill if n not in plan.decode_ctx]
+    steps += [("decode", c) for c in plan.decode_ctx]
+    secs = {r.name: {f: [] for f in plan.figures()} for r in runners}
+    if warmup:
+        for r in runners:
+            r.prefill_decode(min(plan.decode_ctx), min(8, plan.decode_tokens))
+    for rep in range(reps):
+        k = rep % len(runners)
+        for kind, n in steps:
+            for r in runners[k:] + runners[:k]:
+                if kind == "prefill":
+                    secs[r.name][f"prefill_{n}"].append(r.prefill(n))
+                    continue
+                t_pre, t_dec = r.prefill_decode(n, plan.decode_tokens)
+                secs[r.name][f"decode_{n}"].append(t_dec)
+                if n in plan.prefill:
+                    secs[r.name][f"prefill_{n}"].append(t_pre)
+    return {name: {f: plan.tokens(f) / statistics.median(v) for f, v in figs.items()}
+            for name, figs in secs.items()}
 
 
-def bench_llama(llama_cpp, path: Path, ids: np.ndarray, threads: int, reps: int) -> dict:
-    """The four figures for one GGUF file, through llama.cpp's C API (llama_decode with
-    llama_batch_get_one: logits of the last token only, as ours)."""
-    nb = max(PREFILL)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=nb, n_ubatch=nb,
-                          n_threads=threads, n_threads_batch=threads, verbose=False)
-    ctx = llm.ctx
-    tok = (llama_cpp.llama_token * len(ids))(*[int(t) for t in ids])
-
-    def run(start: int, n: int) -> None:
-        batch = llama_cpp.llama_batch_get_one(llama_cpp.ctypes.cast(
-            llama_cpp.ctypes.byref(tok, start * llama_cpp.ctypes.sizeof(llama_cpp.llama_token)),
-            llama_cpp.ctypes.POINTER(llama_cpp.llama_token)), n)
-        rc = llama_cpp.llama_decode(ctx, batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed ({rc})")
-        llama_cpp.llama_get_logits_ith(ctx, -1)
-
-    def prefill(n: int) -> float:
-        _memory_clear(llama_cpp, ctx)
-        t0 = time.perf_counter()
-        run(0, n)
-        llama_cpp.llama_synchronize(ctx)
-        return time.perf_counter() - t0
-
-    def decode(c: int) -> float:
-        _memory_clear(llama_cpp, ctx)
-        run(0, c)
-        t0 = time.perf_counter()
-        for i in range(DECODE_TOKENS):
-            run(c + i, 1)
-        llama_cpp.llama_synchronize(ctx)
-        return time.perf_counter() - t0
-
-    try:
-        out = {f"prefill_{n}": _median_rate(lambda n=n: prefill(n), n, reps) for n in PREFILL}
-        out.update({f"decode_{c}": _median_rate(lambda c=c: decode(c), DECODE_TOKENS, reps)
-                    for c in DECODE_CTX})
-    finally:
-        llm.close() if hasattr(llm, "close") else None
-    out["version"] = getattr(llama_cpp, "__version__", "?")
-    try:
-        out["system_info"] = llama_cpp.llama_print_system_info().decode()
-    except Exception:  # informative only
-        pass
+def best_of(rates: dict[str, dict[str, float]], names: dict[str, str], figures: list[str]) -> dict:
+    """{figure: {"tok_s", "setting"}}: the best of several runners (names: runner -> setting)."""
+    out = {}
+    for f in figures:
+        win = max(names, key=lambda n: rates[n][f])
+        out[f] = {"tok_s": rates[win][f], "setting": names[win]}
     return out
+
+
+# ============================================================================
+# The peer: setup
+# ============================================================================
+def open_peer(say, files: tuple[str, ...], settings, ids, threads: int, plan: Plan):
+    """(runners, {file: {runner name: setting label}}, info) or (None, None, info) when absent.
+
+    info: {"missing": why} when the peer cannot run, else version, system info and weight bytes.
+    """
+    lc = peer.load_llama_cpp()
+    if lc is None:
+        why = f"llama-cpp-python is not installed; to compare, {peer.INSTALL_HINT}"
+        say(f"llama.cpp peer: {why}")
+        return None, None, {"missing": why}
+    src = peer.gguf_dir() / peer.GGUF_Q41
+    if not src.exists():
+        why = f"{src} missing (run `kvdeck models fetch {MODEL}`)"
+        say(f"llama.cpp peer: {why}; peer skipped")
+        return None, None, {"missing": why}
+    paths = {"Q4_0": peer.ensure_q4_0(lc, src, peer.gguf_dir() / peer.GGUF_Q40, threads), "Q4_1": src}
+    runners, names = [], {}
+    info = {"version": peer.version(lc), "system_info": peer.system_info(lc), "weight_bytes": {}}
+    for q in files:
+        names[q] = {}
+        info["weight_bytes"][q] = gguf_weight_bytes(paths[q]).as_dict()
+        for s in settings:
+            name = f"llama.cpp {q} {s.label}"
+            runners.append(peer.LlamaRunner(lc, paths[q], s, ids, threads, plan.n_ctx, plan.n_batch, name))
+            names[q][name] = s.label
+    return runners, names, info
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def bytes_line(name: str, wb: dict) -> str:
+    """One line of the weight-bytes block; wb is a WeightBytes.as_dict()."""
+    return (f"  {name:<16} {_mb(wb['total']):>9}  = head {_mb(wb['head'])} ({wb['head_kind']}) + layers "
+            f"{_mb(wb['layers'])} ({wb['layers_kind']}) + one embedding row {wb['embed_row']} B")
+
+
+# ============================================================================
+# Table mode
+# ============================================================================
+def run_table(args, plan: Plan, ids, say, out: dict) -> None:
+    files = ("Q4_0", "Q4_1") if args.q4_1 else ("Q4_0",)
+    say("weights read per decode token:")
+    ours, peers = [], None
+    try:
+        for fmt in args.formats:
+            r = KvdeckRunner(fmt, ids, args.threads, plan.n_ctx)
+            ours.append(r)
+            wb = kvdeck_weight_bytes(r.engine.folder).as_dict()
+            out["kvdeck"][fmt] = {"isa": r.isa, "weight_bytes": wb}
+            say(bytes_line(r.name, wb))
+        peers, names, info = (None, None, {"missing": "--no-peer"}) if args.no_peer else \
+            open_peer(say, files, peer.SETTINGS, ids, args.threads, plan)
+        out["llama_cpp"] = info
+        for q in (files if peers else ()):
+            say(bytes_line(f"llama.cpp {q}", info["weight_bytes"][q]))
+        rates = measure(ours + (peers or []), plan, args.reps)
+    finally:
+        for r in ours + (peers or []):
+            r.close()
+
+    figs = plan.figures()
+    for r in ours:
+        out["kvdeck"][r.fmt].update({f: rates[r.name][f] for f in figs})
+    ref = None
+    if peers:
+        for q in files:
+            info[q] = {"settings": {names[q][n]: rates[n] for n in names[q]},
+                       "best": best_of(rates, names[q], figs)}
+        ref = {f: info["Q4_0"]["best"][f]["tok_s"] for f in figs}
+        for r in ours:
+            out["kvdeck"][r.fmt]["ratio_to_llama_q4_0_best"] = {f: rates[r.name][f] / ref[f] for f in figs}
+
+    w = 20
+    say(f"\n{'tok/s':<34}" + "".join(f"{label(f):>{w}}" for f in figs))
+    for r in ours:
+        cells = [f"{rates[r.name][f]:.0f}" + (f" ({rates[r.name][f] / ref[f]:.2f}x)" if ref else "")
+                 for f in figs]
+        say(f"{r.name + ' [' + r.isa + ']':<34}" + "".join(f"{c:>{w}}" for c in cells))
+    for q in (files if peers else ()):
+        best = info[q]["best"]
+        say(f"{'llama.cpp ' + q + ', best setting':<34}" + "".join(f"{best[f]['tok_s']:>{w}.0f}" for f in figs))
+        say(f"{'  (setting that won)':<34}" + "".join(f"{best[f]['setting']:>{w}}" for f in figs))
+        for label_, r in info[q]["settings"].items():
+            say(f"{'  llama.cpp ' + q + ' ' + label_:<34}" + "".join(f"{r[f]:>{w}.0f}" for f in figs))
+    if ref:
+        say(f"(ratios: kvdeck / llama.cpp Q4_0 at its best setting per figure, same run; llama.cpp "
+            f"{info['version']}; fa = flash attention, ub = n_ubatch, n_batch = {plan.n_batch})")
+    dec = f"decode_{min(plan.decode_ctx)}"
+    bw = out["copy_bandwidth_gb_s"]
+    parts = [f"{r.name} {out['kvdeck'][r.fmt]['weight_bytes']['total'] * rates[r.name][dec] / 1e9:.1f} GB/s"
+             for r in ours]
+    if ref:
+        parts.append(f"llama.cpp Q4_0 {info['weight_bytes']['Q4_0']['total'] * ref[dec] / 1e9:.1f} GB/s")
+    say(f"weight bytes read per second at {label(dec)}: " + ", ".join(parts) + f" (copy bandwidth {bw:.1f} GB/s)")
+
+
+# ============================================================================
+# Load mode
+# ============================================================================
+def run_load(args, levels: list[int], plan: Plan, ids, say, out: dict) -> None:
+    fig = plan.figures()[0]
+    ours = KvdeckRunner(args.formats[0], ids, args.threads, plan.n_ctx)
+    settings = [s for s in peer.SETTINGS if s.n_ubatch == 512]
+    peers, names, info = (None, None, {"missing": "--no-peer"}) if args.no_peer else \
+        open_peer(say, ("Q4_0",), settings, ids, args.threads, plan)
+    out["llama_cpp"] = info
+    rows = []
+    try:
+        for n in levels:
+            before = load_avg()
+            with BusyLoad(n, BUSY_MAX_S if not args.quick else 60.0) as busy:
+                rates = measure([ours] + (peers or []), plan, args.reps)
+                if not busy.all_alive():
+                    raise RuntimeError(f"a busy process ended before level {n}'s measurement did")
+            row = {"busy": n, "load_avg_1min_before": before, "kvdeck": rates[ours.name][fig]}
+            if peers:
+                b = best_of(rates, names["Q4_0"], [fig])[fig]
+                row.update(llama_cpp=b["tok_s"], llama_cpp_setting=b["setting"],
+                           llama_cpp_settings={names["Q4_0"][k]: rates[k][fig] for k in names["Q4_0"]})
+            rows.append(row)
+    finally:
+        for r in [ours] + (peers or []):
+            r.close()
+    idle = rows[0]
+    for row in rows:
+        row["kvdeck_ratio"] = row["kvdeck"] / idle["kvdeck"]
+        if peers:
+            row["llama_cpp_ratio"] = row["llama_cpp"] / idle["llama_cpp"]
+    out["load"] = {"figure": fig, "format": ours.fmt, "rows": rows}
+
+    say(f"\n{label(fig)} ({plan.decode_tokens} tokens), tok/s and ratio to the same engine idle; "
+        f"N busy-looping processes beside it on {os.cpu_count()} cores, {args.threads} threads each engine")
+    say(f"{'busy':>4}  {'kvdeck ' + ours.fmt:>20}  {'llama.cpp Q4_0 (best of fa off/on)':>36}  load avg before")
+    for row in rows:
+        peer_cell = (f"{row['llama_cpp']:.0f} ({row['llama_cpp_ratio']:.2f}x) [{row['llama_cpp_setting']}]"
+                     if peers else "-")
+        la = f"{row['load_avg_1min_before']:.2f}" if row["load_avg_1min_before"] is not None else "?"
+        say(f"{row['busy']:>4}  {row['kvdeck']:>11.0f} ({row['kvdeck_ratio']:.2f}x)  {peer_cell:>36}  {la:>8}")
 
 
 # ============================================================================
 # Command
 # ============================================================================
-FIGURES = [f"prefill_{n}" for n in PREFILL] + [f"decode_{c}" for c in DECODE_CTX]
-LABELS = {"prefill_512": "prefill 512", "prefill_2048": "prefill 2048",
-          "decode_32": "decode@32", "decode_2048": "decode@2048"}
+def _levels(text: str) -> list[int]:
+    try:
+        got = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--load {text!r}: give busy-process counts such as 2 or 0,1,2") from None
+    if not got or min(got) < 0:
+        raise SystemExit(f"--load {text!r}: counts must be >= 0")
+    return sorted(set([0] + got))
 
 
 def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvdeck bench cpu", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both engines")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per figure (median)")
-    ap.add_argument("--formats", default=",".join(FORMATS), help="kvdeck formats to run")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per figure (median; default 3)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="kvdeck formats to run (load mode: the first)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--q4-1", action="store_true", help="also run llama.cpp on the shipped Q4_1 file")
+    ap.add_argument("--load", metavar="N[,N...]", help="load mode: decode with N busy processes beside")
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, nvfp4 only, 1 repetition")
     args = ap.parse_args(argv)
+    args.formats = ["nvfp4"] if args.quick else args.formats.split(",")
+    if args.quick:
+        args.reps = 1
+    if args.reps < 1 or args.threads < 1:
+        ap.error("--reps and --threads must be >= 1")
+    levels = _levels(args.load) if args.load is not None else None
+    plan = (LOAD_QUICK if args.quick else LOAD) if levels else (QUICK if args.quick else FULL)
     say = (lambda *a: None) if args.json else print
 
-    rng = np.random.default_rng(SEED)
-    ids = rng.integers(*TOKEN_RANGE, size=max(max(PREFILL), max(DECODE_CTX)) + DECODE_TOKENS,
-                       dtype=np.int32)
-    facts = cpu_facts()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = None
+    ids = np.random.default_rng(SEED).integers(*TOKEN_RANGE, size=plan.n_ctx, dtype=np.int32)
+    from app.bench.kernels import copy_bandwidth
+
+    facts, la = cpu_facts(), load_avg()
     out = {"model": MODEL, "threads": args.threads, "kv": KV, "reps": args.reps, "cpu": facts,
-           "load_avg_1min_before": load, "decode_tokens": DECODE_TOKENS, "kvdeck": {}, "llama_cpp": None}
+           "load_avg_1min_before": la, "copy_bandwidth_gb_s": copy_bandwidth() / 1e9,
+           "plan": {"prefill": plan.prefill, "decode_ctx": plan.decode_ctx,
+                    "decode_tokens": plan.decode_tokens, "figures": plan.figures()},
+           "kvdeck": {}, "llama_cpp": None}
     say(f"kvdeck bench cpu — {MODEL}, {args.threads} threads (both engines), median of {args.reps} "
-        f"after a warm-up; same token ids (seed {SEED}); KV cache f16 (both engines)")
+        f"interleaved repetitions after a warm-up; same token ids (seed {SEED}); KV cache f16 (both)")
+    la_text = f"{la:.2f}" if la is not None else "unknown"
     say(f"CPU: {facts['model']}, {facts['cores']} cores; flags: {' '.join(facts['flags'])}; "
-        f"load {load:.2f}" if load is not None else "")
-
-    lc = None if args.no_peer else _llama_cpp()
-    if lc is not None:
-        src = GGUF_DIR / GGUF_Q41
-        if not src.exists():
-            say(f"llama.cpp: {src} missing (run `kvdeck models fetch {MODEL}`); peer skipped")
-            lc = None
-    if lc is not None:
-        q40 = ensure_q4_0(lc, src, GGUF_DIR / GGUF_Q40, args.threads)
-        out["llama_cpp"] = {"Q4_0": bench_llama(lc, q40, ids, args.threads, args.reps),
-                            "Q4_1": bench_llama(lc, src, ids, args.threads, args.reps),
-                            "n_batch": max(PREFILL), "n_ubatch": max(PREFILL)}
-    elif not args.no_peer:
-        say(f"llama.cpp peer: llama-cpp-python is not installed; to compare, {INSTALL_HINT}")
-
-    for fmt in args.formats.split(","):
-        out["kvdeck"][fmt] = bench_kvdeck(fmt, ids, args.threads, args.reps)
-
-    ref = out["llama_cpp"]["Q4_0"] if out["llama_cpp"] else None
-    if ref:
-        for fmt, r in out["kvdeck"].items():
-            r["ratio_to_llama_q4_0"] = {f: r[f] / ref[f] for f in FIGURES}
+        f"1-min load average {la_text} before the run")
+    say(f"memory copy bandwidth: {out['copy_bandwidth_gb_s']:.1f} GB/s (numpy copy of 256 MiB, "
+        f"read + write bytes, best of 5)")
+    if levels:
+        run_load(args, levels, plan, ids, say, out)
+    else:
+        run_table(args, plan, ids, say, out)
     if args.json:
         print(json.dumps(out, indent=1))
-        return 0
-
-    say(f"\n{'tok/s':<22}" + "".join(f"{LABELS[f]:>20}" for f in FIGURES))
-    for fmt, r in out["kvdeck"].items():
-        cells = []
-        for f in FIGURES:
-            ratio = f" ({r[f] / ref[f]:.2f}x)" if ref else ""
-            cells.append(f"{r[f]:.0f}{ratio}")
-        say(f"{'kvdeck ' + fmt + ' [' + r['isa'] + ']':<22}" + "".join(f"{c:>20}" for c in cells))
-    if out["llama_cpp"]:
-        for q in ("Q4_0", "Q4_1"):
-            r = out["llama_cpp"][q]
-            say(f"{'llama.cpp ' + q:<22}" + "".join(f"{r[f]:>20.0f}" for f in FIGURES))
-        say(f"(ratios: kvdeck / llama.cpp Q4_0 of this run; llama.cpp {ref['version']}, "
-            f"n_batch = n_ubatch = {max(PREFILL)})")
     return 0
 
 

@@ -1,0 +1,103 @@
+"""`kvdeck bench cpu`: the shape of our side's output, a missing peer reported, the load helpers.
+
+None of these needs llama.cpp: the peer is made absent (peer.load_llama_cpp -> None) so the
+tests behave the same where llama-cpp-python is installed. The --quick runs take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from app.bench import cli, cpu, peer
+from app.bench.load import BusyLoad
+from app.bench.weightbytes import gguf_weight_bytes, kvdeck_weight_bytes
+
+HIDDEN, VOCAB = 576, 49152   # SmolLM2-135M
+
+
+@pytest.fixture
+def no_peer(monkeypatch):
+    monkeypatch.setattr(peer, "load_llama_cpp", lambda: None)
+
+
+def _json_run(capsys, argv: list[str]) -> dict:
+    assert cpu.run(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_quick_json_has_every_figure_of_ours_and_names_the_missing_peer(root, no_peer, capsys):
+    out = _json_run(capsys, ["--quick"])
+    assert "llama-cpp-python is not installed" in out["llama_cpp"]["missing"]
+    assert "pip install" in out["llama_cpp"]["missing"]
+    figs = out["plan"]["figures"]
+    assert figs == ["prefill_128", "decode_32"]
+    ours = out["kvdeck"]["nvfp4"]
+    for f in figs:
+        assert ours[f] > 1.0, f"{f}: {ours[f]} tok/s"
+    assert "ratio_to_llama_q4_0_best" not in ours   # no peer, no ratio
+    wb = ours["weight_bytes"]
+    assert wb["total"] == wb["head"] + wb["layers"] + wb["embed_row"]
+    assert wb["embed_row"] == HIDDEN * 2                          # one f16 row
+    assert wb["head"] == VOCAB * HIDDEN // 2 + VOCAB * HIDDEN // 16 + 4   # codes + E4M3 scales + tscale
+    assert out["copy_bandwidth_gb_s"] > 0.1
+    assert out["cpu"]["cores"] == os.cpu_count()
+
+
+def test_quick_table_prints_flags_bandwidth_bytes_and_the_missing_peer(root, no_peer, capsys):
+    assert cpu.run(["--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "llama.cpp peer: llama-cpp-python is not installed" in text
+    assert peer.INSTALL_HINT in text
+    assert "flags:" in text and "memory copy bandwidth:" in text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("kvdeck nvfp4") and "MB" in ln)
+    assert "head 15.9 MB (nvfp4)" in line
+    row = next(ln for ln in text.splitlines() if ln.startswith("kvdeck nvfp4 ["))
+    assert len(row.split("]", 1)[1].split()) == 2            # one tok/s cell per figure, no ratios
+    assert "prefill 128" in text and "decode@32" in text
+
+
+def test_weight_bytes_tied_heads_count_the_whole_table(root):
+    f16 = kvdeck_weight_bytes(root / "f16")
+    assert f16.head_kind == "F16, tied embedding" and f16.head == VOCAB * HIDDEN * 2
+    gguf = peer.gguf_dir() / peer.GGUF_Q41
+    if not gguf.is_file():
+        pytest.fail(f"{gguf}: missing; run `kvdeck models fetch smollm2-135m`")
+    wb = gguf_weight_bytes(gguf)
+    assert wb.head_kind == "Q8_0, tied embedding"
+    assert wb.head == VOCAB * HIDDEN // 32 * 34 and wb.embed_row == HIDDEN // 32 * 34
+
+
+def test_load_levels_always_include_idle():
+    assert cpu._levels("2") == [0, 2]
+    assert cpu._levels("0,1,2") == [0, 1, 2]
+    for bad in ("x", "-1", ""):
+        with pytest.raises(SystemExit):
+            cpu._levels(bad)
+
+
+def test_busy_processes_spin_are_killed_and_end_by_themselves():
+    with BusyLoad(1, max_s=30) as busy:
+        (pid,) = busy.pids()
+        assert busy.all_alive()
+    with pytest.raises(ProcessLookupError):   # killed and reaped at exit
+        os.kill(pid, 0)
+    with BusyLoad(1, max_s=0.3) as busy:      # a bounded lifetime even if never killed
+        time.sleep(0.8)
+        assert not busy.all_alive()
+
+
+def test_quick_load_mode_reports_idle_and_loaded_rows(root, no_peer, capsys):
+    out = _json_run(capsys, ["--quick", "--load", "1"])
+    rows = out["load"]["rows"]
+    assert [r["busy"] for r in rows] == [0, 1]
+    assert rows[0]["kvdeck_ratio"] == 1.0 and rows[1]["kvdeck"] > 0
+    assert "missing" in out["llama_cpp"]
+
+
+def test_cli_rejects_an_unknown_bench(capsys):
+    assert cli.main(["nope"]) == 2
+    assert "cpu" in capsys.readouterr().err
