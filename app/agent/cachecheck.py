@@ -4,7 +4,7 @@ Detector: every engine call of a session should extend the previous call's promp
 token for token; then a prefix cache can serve all of it but the last partial page. Before a
 call, `PrefixDetector.check` compares the new ids with the previous call's ids + output (this
 works without any cache: it is what the cache *could* serve, "reusable"); after the call,
-`shortfall` compares that promise with the engine's cached_tokens, once the engine reports it.
+`shortfall` compares that promise with the engine's cached_tokens.
 A break names the first divergent token, the segment it falls in and a short text diff.
 
 Lint: static checks of the prompt's prefix: a timestamp, date or UUID in the system prompt,
@@ -26,14 +26,6 @@ PAGE = 16
 
 def floor_page(n: int, page: int = PAGE) -> int:
     return max(0, n) // page * page
-
-
-def engine_reports_cache(stats) -> bool:
-    """True once the engine's CallStats carries the prefix-cache ledger (reuse, new/waste tokens)."""
-    if stats is None:
-        return False
-    fields = getattr(type(stats), "__dataclass_fields__", {})
-    return "reuse" in fields or hasattr(stats, "reuse")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -114,13 +106,11 @@ class PrefixDetector:
         self.prev_segments = list(segments)
 
     def shortfall(self, check: PrefixCheck, stats) -> int | None:
-        """Tokens the engine failed to serve although the prompt extended the previous one, or None.
-
-        None when the engine does not report a prefix cache yet, or when it served the promise.
-        """
-        if not engine_reports_cache(stats) or check.broken:
+        """Tokens the engine failed to serve although the prompt extended the previous one, or None
+        when it served the promise (or the prompt broke the prefix: that is a PrefixBreak of its own)."""
+        if check.broken:
             return None
-        cached = getattr(stats, "cached_tokens", 0)
+        cached = stats.cached_tokens
         return check.promised_tokens - cached if cached < check.promised_tokens else None
 
 

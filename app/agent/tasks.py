@@ -11,8 +11,11 @@ A task file:
     tool_choice = "search_notes"   # auto | required | none | a tool's name
 
 The gate: cumulative reuse = Σ cached_tokens / Σ prompt_tokens over every engine call of the
-task, as the engine reports it; the detector's token comparison gives the "reusable" figure
-(what a prefix cache could serve), which works before the engine has a cache.
+task as the engine reports it, the pre-warm of the static prefix included (an engine call of
+its own, kind "prewarm": its computed tokens are work the task paid for). The steady-state
+figure leaves the pre-warm out (what each turn's calls see once the prefix is warm); both are
+printed, labelled. The detector's token comparison gives the "reusable" figure (what a prefix
+cache could serve).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.agent.cachecheck import engine_reports_cache
 from app.agent.loop import Agent
 from app.events import EngineCallFinished, Event, PrefixBreak, PromptLinted, TurnFailed
 
@@ -67,12 +69,21 @@ def load_task(path: str | Path) -> Task:
     return Task(str(raw.get("name", p.stem)), steps, bool(ts), str(follow), str(p))
 
 
+def is_prewarm(call: EngineCallFinished) -> bool:
+    return getattr(call.stats, "kind", "generate") == "prewarm"
+
+
 @dataclass
 class TaskReport:
-    calls: list[EngineCallFinished] = field(default_factory=list)
+    calls: list[EngineCallFinished] = field(default_factory=list)  # every engine call, the pre-warm included
     breaks: list[PrefixBreak] = field(default_factory=list)
     lint: tuple[str, ...] = ()
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def turn_calls(self) -> list[EngineCallFinished]:
+        """The calls the turns made (steady state: the pre-warm left out)."""
+        return [c for c in self.calls if not is_prewarm(c)]
 
     @property
     def prompt_tokens(self) -> int:
@@ -80,40 +91,54 @@ class TaskReport:
 
     @property
     def cached_tokens(self) -> int:
-        return sum(getattr(c.stats, "cached_tokens", 0) for c in self.calls)
-
-    @property
-    def reusable_tokens(self) -> int:
-        return sum(c.reusable_tokens for c in self.calls)
+        return sum(c.stats.cached_tokens for c in self.calls)
 
     @property
     def reuse(self) -> float:
+        """Σ cached / Σ prompt over every engine call, the pre-warm included."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
-    def reusable(self) -> float:
-        return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def steady_reuse(self) -> float:
+        """Σ cached / Σ prompt over the turns' calls only (the pre-warmed prefix counts as cached)."""
+        calls = self.turn_calls
+        prompt = sum(c.stats.prompt_tokens for c in calls)
+        return sum(c.stats.cached_tokens for c in calls) / prompt if prompt else 0.0
 
     @property
-    def engine_has_cache(self) -> bool:
-        return any(engine_reports_cache(c.stats) for c in self.calls)
+    def reusable_tokens(self) -> int:
+        return sum(c.reusable_tokens for c in self.turn_calls)
+
+    @property
+    def reusable(self) -> float:
+        prompt = sum(c.stats.prompt_tokens for c in self.turn_calls)
+        return self.reusable_tokens / prompt if prompt else 0.0
 
 
-def run_task(agent: Agent, task: Task, on_event: Callable[[Event], None] | None = None) -> TaskReport:
-    """Run every step through the agent; collect the ledger, prefix breaks and lint."""
+def run_task(agent: Agent, task: Task, on_event: Callable[[Event], None] | None = None,
+             prewarm: bool = False) -> TaskReport:
+    """Run every step through the agent (after its pre-warm when `prewarm`); collect the ledger,
+    prefix breaks and lint. Every event goes to `on_event` too."""
     report = TaskReport()
+
+    def seen(ev: Event) -> None:
+        if on_event:
+            on_event(ev)
+        if isinstance(ev, EngineCallFinished):
+            report.calls.append(ev)
+        elif isinstance(ev, PrefixBreak):
+            report.breaks.append(ev)
+        elif isinstance(ev, PromptLinted):
+            report.lint = ev.issues
+        elif isinstance(ev, TurnFailed):
+            report.failures.append(f"turn {ev.turn}: {ev.error}")
+
+    if prewarm:
+        for ev in agent.prewarm():
+            seen(ev)
     for step in task.steps:
         for ev in agent.run_turn(step.user, step.tool_choice):
-            if on_event:
-                on_event(ev)
-            if isinstance(ev, EngineCallFinished):
-                report.calls.append(ev)
-            elif isinstance(ev, PrefixBreak):
-                report.breaks.append(ev)
-            elif isinstance(ev, PromptLinted):
-                report.lint = ev.issues
-            elif isinstance(ev, TurnFailed):
-                report.failures.append(f"turn {ev.turn}: {ev.error}")
+            seen(ev)
     return report
 
 
@@ -123,7 +148,7 @@ def format_report(task: Task, report: TaskReport, min_reuse: float, gate: str) -
     yield f"{'call':>4} {'turn':>4} {'choice':<14} {'prompt':>6} {'cached':>6} {'reusable':>8} {'out':>4} {'prefill_s':>9}"
     for c in report.calls:
         s = c.stats
-        yield (f"{c.call:>4} {c.turn:>4} {c.tool_choice:<14} {s.prompt_tokens:>6} {getattr(s, 'cached_tokens', 0):>6} "
+        yield (f"{c.call:>4} {c.turn:>4} {c.tool_choice:<14} {s.prompt_tokens:>6} {s.cached_tokens:>6} "
                f"{c.reusable_tokens:>8} {c.output_tokens:>4} {s.prefill_s:>9.2f}")
     for issue in report.lint:
         yield f"lint: {issue}"
@@ -133,15 +158,18 @@ def format_report(task: Task, report: TaskReport, min_reuse: float, gate: str) -
         yield f"    …{b.before!r} | was {b.old!r} | now {b.new!r}"
     for f in report.failures:
         yield f"failure: {f}"
-    yield (f"cumulative: prompt {report.prompt_tokens}, cached {report.cached_tokens} "
-           f"(engine reuse {report.reuse:.1%}), reusable {report.reusable_tokens} (token comparison {report.reusable:.1%})")
-    if not report.engine_has_cache:
-        yield "note: the engine reports no prefix cache yet (cached_tokens = 0); 'reusable' is what a cache could serve"
+    warm = [c for c in report.calls if is_prewarm(c)]
+    yield (f"cumulative: prompt {report.prompt_tokens}, cached {report.cached_tokens}: engine reuse {report.reuse:.1%} "
+           f"including the pre-warm" + (f" (call 0: {warm[0].stats.computed_tokens} tokens computed)" if warm else " (none ran)"))
+    yield (f"steady state (the turns' calls only, the pre-warmed prefix counted as cached): engine reuse "
+           f"{report.steady_reuse:.1%}; reusable {report.reusable_tokens} (token comparison {report.reusable:.1%})")
+    if report.cached_tokens == 0:
+        yield "note: no token was served from the prefix cache (cache off, or nothing to reuse)"
 
 
 def gate_passes(report: TaskReport, min_reuse: float, gate: str = "engine") -> tuple[bool, str]:
     value = report.reuse if gate == "engine" else report.reusable
-    label = "engine reuse" if gate == "engine" else "reusable (token comparison)"
+    label = "engine reuse (pre-warm included)" if gate == "engine" else "reusable (token comparison)"
     if report.failures:
         return False, f"FAIL: {len(report.failures)} turn(s) failed"
     if value >= min_reuse:
