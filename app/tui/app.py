@@ -1,0 +1,258 @@
+"""KvdeckApp: the console. Owns the ConsoleState, the loaded engine + agent and the workers.
+
+Threads: the UI thread owns the state and every widget; the load worker and the turn worker
+(`@work(thread=True)`) only post messages (app.tui.messages). The engine's public calls are
+safe from any thread; the worker drives the agent, the UI reads pool snapshots.
+A 50 ms timer measures the event loop's lateness (the longest UI stall) while a turn runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import get_current_worker
+
+from app.events import Event
+from app.tui.messages import (AgentEventReceived, CancelTurn, EngineLoaded, EngineLoadFailed, EngineLoadProgressed,
+                              PoolSampled, ReloadEngine, SubmitPrompt, TelemetrySampled, TokensStreamed, TurnEnded)
+from app.tui.screens.help import HelpScreen
+from app.tui.screens.main import MainScreen
+from app.tui.services import Builder, ConsoleOptions, Loaded, pump_events
+from app.tui.state import ConsoleState
+from app.tui.widgets.power import new_history, psutil_sample, record
+
+THEMES = ("textual-dark", "textual-light", "ansi-dark", "ansi-light")
+STALL_TICK_S = 0.05
+
+
+class KvdeckApp(App):
+    CSS_PATH = Path(__file__).with_name("kvdeck.tcss")
+    TITLE = "kvdeck"
+    BINDINGS = [
+        Binding("f1", "help", "Help"),
+        Binding("question_mark", "help", "Help", show=False),
+        Binding("f2", "sessions", "Sessions"),
+        Binding("f3", "inspector", "Cache"),
+        Binding("f4", "settings", "Settings"),
+        Binding("ctrl+t", "cycle_theme", "Theme", show=False),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, builder: Builder | None = None, options: ConsoleOptions = ConsoleOptions(), *,
+                 state: ConsoleState | None = None, sampler: Callable[[], dict] | None = psutil_sample,
+                 store=None, theme: str | None = None, telemetry_s: float = 1.0) -> None:
+        super().__init__()
+        self.builder = builder
+        self.options = options
+        self.state = state or ConsoleState()
+        self.sampler = sampler
+        self.store = store
+        self.telemetry = new_history()
+        self.telemetry_s = telemetry_s
+        self.loaded: Loaded | None = None
+        self.load_stage = ""
+        self.load_fraction: float | None = None
+        self.turn_started = 0.0
+        self._cancel = threading.Event()
+        self._last_tick = 0.0
+        self.stall_max_s = 0.0  # longest event-loop lateness during the last turn
+        if theme:
+            self.theme = theme
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen())
+        if self.sampler is not None:
+            self.set_interval(self.telemetry_s, self._sample)
+            self._sample()
+        self.set_interval(0.5, self._tick_status)
+        self.set_interval(STALL_TICK_S, self._tick_stall)
+        if self.builder is not None:
+            self.load(self.options)
+
+    def main(self) -> MainScreen | None:
+        for s in self.screen_stack:
+            if isinstance(s, MainScreen):
+                return s
+        return None
+
+    def sync(self) -> None:
+        m = self.main()
+        if m is not None and m.is_mounted:
+            m.sync()
+
+    def _sample(self) -> None:
+        try:
+            sample = self.sampler()
+        except Exception as e:  # a telemetry source must never take the console down
+            sample = {"source": "none", "unavailable": f"telemetry failed: {type(e).__name__}: {e}"}
+        self.post_message(TelemetrySampled(sample))
+
+    def _tick_status(self) -> None:
+        m = self.main()
+        if m is not None and m.is_mounted and (self.state.busy or self.load_stage):
+            for w in m.query("#status"):
+                w.update(m.status_text())
+
+    def _tick_stall(self) -> None:
+        now = time.monotonic()
+        if self.state.busy and self._last_tick:
+            self.stall_max_s = max(self.stall_max_s, now - self._last_tick - STALL_TICK_S)
+        self._last_tick = now
+
+    # ---- workers ------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="load")
+    def load(self, options: ConsoleOptions) -> None:
+        post = self.post_message
+        t0 = time.monotonic()
+        post(EngineLoadProgressed(f"{options.model} ({options.weights} weights, {options.kv} KV)", None))
+        try:
+            engine, agent = self.builder(options, lambda stage, frac: post(EngineLoadProgressed(stage, frac)))
+            if options.prewarm:
+                post(EngineLoadProgressed("pre-warming the system + tools prefix", None))
+                result = agent.prewarm()
+                for ev in result if isinstance(result, (list, tuple)) else ():
+                    if isinstance(ev, Event):
+                        post(AgentEventReceived(ev))
+            post(PoolSampled(engine.snapshot()))
+        except Exception as e:  # shown on screen; the console stays up to change settings
+            post(EngineLoadFailed(f"{type(e).__name__}: {e}"))
+            return
+        post(EngineLoaded(Loaded(engine, agent, options, time.monotonic() - t0)))
+
+    @work(thread=True, exclusive=True, group="turn")
+    def run_turn(self, text: str) -> None:
+        worker = get_current_worker()
+        loaded = self.loaded
+        try:
+            events = loaded.agent.run_turn(text, loaded.options.tool_choice if loaded.options.tools else "none")
+            outcome = pump_events(events, self.post_message, loaded.engine,
+                                  cancelled=lambda: worker.is_cancelled or self._cancel.is_set())
+        except Exception as e:  # a bad tool_choice or an engine error ends the turn, not the console
+            self.post_message(TurnEnded("failed", f"{type(e).__name__}: {e}"))
+            return
+        self.post_message(TurnEnded("cancelled" if self._cancel.is_set() else outcome))
+
+    def cancel_turn(self) -> None:
+        """Esc: stop the call in flight (Generation.cancel through the agent), keep the session."""
+        self._cancel.set()
+        cancel = getattr(getattr(self.loaded, "agent", None), "cancel", None)
+        if cancel is not None:
+            cancel()
+        self.state.note("notice", "cancelling…")
+        self.sync()
+
+    # ---- messages -----------------------------------------------------------------------------
+    def on_submit_prompt(self, msg: SubmitPrompt) -> None:
+        self._cancel.clear()
+        self.state.busy = True
+        self.turn_started = time.monotonic()
+        self.stall_max_s = 0.0
+        self._last_tick = 0.0
+        self.run_turn(msg.text)
+        self.sync()
+
+    def on_cancel_turn(self, _: CancelTurn) -> None:
+        self.cancel_turn()
+
+    def on_agent_event_received(self, msg: AgentEventReceived) -> None:
+        self.state.apply(msg.event)
+        self.sync()
+
+    def on_tokens_streamed(self, msg: TokensStreamed) -> None:
+        self.state.stream(msg.turn, msg.call, msg.text)
+        self.sync()
+
+    def on_pool_sampled(self, msg: PoolSampled) -> None:
+        self.state.set_pool(msg.snapshot)
+        for ev in msg.cache_events:
+            self.state.cache_event(ev)
+        self.sync()
+
+    def on_turn_ended(self, msg: TurnEnded) -> None:
+        self.state.busy = False
+        self.state.call_prompt = 0
+        if msg.outcome == "cancelled":
+            self.state.note("notice", "turn cancelled; the session continues")
+        elif msg.error:
+            self.state.note("error", msg.error)
+        self.sync()
+
+    def on_telemetry_sampled(self, msg: TelemetrySampled) -> None:
+        record(self.telemetry, msg.sample)
+        m = self.main()
+        if m is not None and m.is_mounted:
+            from app.tui.widgets.power import PowerPanel
+
+            for w in m.query(PowerPanel):
+                w.sync()
+
+    def on_engine_load_progressed(self, msg: EngineLoadProgressed) -> None:
+        self.load_stage, self.load_fraction = msg.stage, msg.fraction
+        self.sync()
+
+    def on_engine_loaded(self, msg: EngineLoaded) -> None:
+        self.loaded = msg.loaded
+        self.options = msg.loaded.options
+        self.load_stage = ""
+        eng = msg.loaded.engine
+        self.state.model = eng.config.model
+        self.state.decode = lambda ids: eng.tokenizer.decode(list(ids), skip_special_tokens=False)
+        self.state.note("notice", f"loaded {eng.config.model}: {eng.weight_format} weights, {eng.kv_format} KV, "
+                                  f"{eng.backend} in {msg.loaded.load_s:.1f} s")
+        self.sync()
+        m = self.main()
+        if m is not None:
+            m.focus_input()
+
+    def on_engine_load_failed(self, msg: EngineLoadFailed) -> None:
+        self.load_stage = ""
+        self.state.note("error", f"engine load failed: {msg.error}")
+        self.notify(msg.error, title="engine load failed", severity="error", timeout=10)
+        self.sync()
+
+    def on_reload_engine(self, msg: ReloadEngine) -> None:
+        if self.state.busy:
+            self.notify("A turn is running: Esc cancels it first", severity="warning")
+            return
+        old, self.loaded = self.loaded, None
+        if old is not None:
+            session = getattr(old.agent, "session", None)
+            if session is not None:
+                session.close()
+        self.state.note("notice", "reloading the engine with the new settings")
+        self.load(msg.options)
+
+    # ---- actions ------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_cycle_theme(self) -> None:
+        i = THEMES.index(self.theme) if self.theme in THEMES else -1
+        self.theme = THEMES[(i + 1) % len(THEMES)]
+        self.notify(f"theme {self.theme}")
+
+    def action_inspector(self) -> None:
+        from app.tui.screens.inspector import InspectorScreen
+
+        if not isinstance(self.screen, InspectorScreen):
+            self.push_screen(InspectorScreen())
+
+    def action_settings(self) -> None:
+        from app.tui.screens.settings import SettingsScreen
+
+        if not isinstance(self.screen, SettingsScreen):
+            self.push_screen(SettingsScreen(self.options))
+
+    def action_sessions(self) -> None:
+        from app.tui.screens.sessions import SessionsScreen
+
+        if not isinstance(self.screen, SessionsScreen):
+            self.push_screen(SessionsScreen())

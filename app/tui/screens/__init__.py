@@ -1,0 +1,1 @@
+"""The console's screens: main, help, cache inspector, settings, sessions, compare."""

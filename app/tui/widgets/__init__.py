@@ -1,0 +1,1 @@
+"""The console's panels. Each renders from the ConsoleState (app.tui.state); none reads events."""
