@@ -208,6 +208,40 @@ def cmd_chat(args) -> int:
         ids += fmt.encode(fmt.after_turn())
 
 
+def _console_builder(args):
+    """The console's Builder: ConsoleOptions → (engine, agent), as _load/_agent compose them."""
+
+    def build(opts, progress):
+        import tools
+        from app.agent import Agent, AgentLimits, Toolkit, load_tools_dir
+        from app.config import load_settings
+        from app.engine import load_engine
+
+        s = load_settings(model=opts.model, weights=opts.weights, kv=opts.kv, threads=opts.threads)
+        progress(f"loading {s.engine.model}: {s.engine.weights} weights, {s.engine.kv} KV", 0.1)
+        eng = load_engine(s.engine.model, weights=s.engine.weights, kv=s.engine.kv, threads=s.engine.threads or None,
+                          kv_pages=opts.kv_pages or None, max_context=s.engine.max_context)
+        progress("building the agent and its tools", 0.8)
+        a = s.agent
+        tools.configure(workspace=a.workspace, notes_dir=a.notes_dir or None)
+        fns = (tools.builtin_tools() + (load_tools_dir(a.tools_dir) if a.tools_dir else [])) if opts.tools else []
+        limits = AgentLimits(max_steps=a.max_steps, max_tokens=min(opts.max_tokens, a.max_tokens), follow_up=a.follow_up)
+        return eng, Agent(eng, Toolkit(fns, timeout_s=a.tool_timeout_s), limits=limits, sampling=_sampling(args))
+
+    return build
+
+
+def cmd_console(args) -> int:
+    """`kvdeck` with no subcommand: the Textual console (app.tui)."""
+    from app.config import load_settings
+    from app.tui import ConsoleOptions, run_console
+
+    s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
+    opts = ConsoleOptions(model=s.model, weights=s.weights, kv=s.kv, threads=s.threads, max_tokens=args.max_tokens,
+                          prewarm=not args.no_prewarm, tool_choice=args.tool_choice, tools=not args.no_tools)
+    return run_console(_console_builder(args), opts, theme=args.theme)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Subcommands owned by other packages take their own arguments.
@@ -226,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="kvdeck", description="On-device LLM agent console")
     sub = parser.add_subparsers(dest="cmd")
+    p_con = sub.add_parser("console", help="the Textual console (the default)")
+    _engine_args(p_con)
+    p_con.add_argument("--tool-choice", default="auto", help="auto | required | none | a tool's name (default auto)")
+    p_con.add_argument("--no-tools", action="store_true", help="no tools: a plain chat with the model")
+    p_con.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
+    p_con.add_argument("--theme", help="textual-dark | textual-light | ansi-dark | ansi-light (16 colours)")
     p_chat = sub.add_parser("chat", help="plain terminal chat")
     _engine_args(p_chat)
     p_run = sub.add_parser("run", help="one answer to PROMPT")
@@ -248,12 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="benchmarks (kvdeck bench --help)")
     args = parser.parse_args(argv)
     if args.cmd is None:
-        args = parser.parse_args(["chat", *argv])
+        args = parser.parse_args(["console", *argv])
     from app.config import ConfigError
     from app.engine import EngineError
 
     try:
-        return {"chat": cmd_chat, "run": cmd_run, "check-prefix": cmd_check_prefix}[args.cmd](args)
+        return {"chat": cmd_chat, "run": cmd_run, "check-prefix": cmd_check_prefix,
+                "console": cmd_console}[args.cmd](args)
     except (EngineError, ConfigError, ValueError) as e:
         sys.stderr.write(f"kvdeck: error: {e}\n")
         return 2
