@@ -31,12 +31,27 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system prompt")
 
 
+def _pool(s, kv_pages: int | None = None) -> dict:
+    """load_engine's pool options from [engine]: `kv_pages` if given, else the model's context (or
+    max_context) for one session, or the kv_mib memory budget when that is smaller."""
+    from app.engine.loader import KV_BYTES, read_config, resolve_model_dir
+
+    if kv_pages:
+        return {"kv_pages": kv_pages}
+    cfg = read_config(resolve_model_dir(s.model, s.weights))
+    ctx = s.max_context or cfg.max_position_embeddings
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES.get(s.kv, 4.0)
+    if s.kv_mib and s.kv_mib * 2**20 < ctx * per_token:
+        return {"kv_mib": s.kv_mib}
+    return {"max_context": ctx}
+
+
 def _load(args):
     from app.config import load_settings
     from app.engine import load_engine
 
     s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
-    return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None, max_context=s.max_context)
+    return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None, **_pool(s))
 
 
 def _sampling(args):
@@ -49,6 +64,7 @@ def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = No
     """The composition root of the agent: settings → tools (built-ins + the tools folder) → Agent."""
     import tools
     from app.agent import Agent, AgentLimits, Toolkit, load_tools_dir
+    from app.agent.budget import BudgetPolicy
     from app.config import load_settings
 
     s = load_settings().agent
@@ -57,7 +73,8 @@ def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = No
     limits = AgentLimits(max_steps=s.max_steps, max_tokens=min(args.max_tokens, s.max_tokens),
                          follow_up=follow_up or s.follow_up)
     kit = Toolkit(fns, timeout_s=s.tool_timeout_s)
-    agent = Agent(eng, kit, limits=limits, sampling=_sampling(args), system_timestamp=system_timestamp)
+    agent = Agent(eng, kit, limits=limits, sampling=_sampling(args), system_timestamp=system_timestamp,
+                  budget=BudgetPolicy(s.trim_low_water, s.context_tokens))
     if not getattr(args, "no_prewarm", False):
         agent.prewarm()
     return agent
@@ -220,13 +237,16 @@ def _console_builder(args):
         s = load_settings(model=opts.model, weights=opts.weights, kv=opts.kv, threads=opts.threads)
         progress(f"loading {s.engine.model}: {s.engine.weights} weights, {s.engine.kv} KV", 0.1)
         eng = load_engine(s.engine.model, weights=s.engine.weights, kv=s.engine.kv, threads=s.engine.threads or None,
-                          kv_pages=opts.kv_pages or None, max_context=s.engine.max_context)
+                          **_pool(s.engine, opts.kv_pages or None))
         progress("building the agent and its tools", 0.8)
         a = s.agent
         tools.configure(workspace=a.workspace, notes_dir=a.notes_dir or None)
         fns = (tools.builtin_tools() + (load_tools_dir(a.tools_dir) if a.tools_dir else [])) if opts.tools else []
         limits = AgentLimits(max_steps=a.max_steps, max_tokens=min(opts.max_tokens, a.max_tokens), follow_up=a.follow_up)
-        return eng, Agent(eng, Toolkit(fns, timeout_s=a.tool_timeout_s), limits=limits, sampling=_sampling(args))
+        from app.agent.budget import BudgetPolicy
+
+        return eng, Agent(eng, Toolkit(fns, timeout_s=a.tool_timeout_s), limits=limits, sampling=_sampling(args),
+                          budget=BudgetPolicy(a.trim_low_water, a.context_tokens))
 
     return build
 
@@ -239,7 +259,13 @@ def cmd_console(args) -> int:
     s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
     opts = ConsoleOptions(model=s.model, weights=s.weights, kv=s.kv, threads=s.threads, max_tokens=args.max_tokens,
                           prewarm=not args.no_prewarm, tool_choice=args.tool_choice, tools=not args.no_tools)
-    return run_console(_console_builder(args), opts, theme=args.theme)
+    from app.telemetry import Sampler
+
+    sampler = Sampler(interval=1.0).start()  # the power panel's readings and each call's energy
+    try:
+        return run_console(_console_builder(args), opts, theme=args.theme, telemetry=sampler)
+    finally:
+        sampler.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

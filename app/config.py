@@ -7,6 +7,8 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     weights = "nvfp4"         # nvfp4 | w4a8 | f16 | f32
     kv = "f32"                # f32 | f16
     threads = 0               # 0: all cores
+    max_context = 0           # KV pool sizing in tokens; 0: the model's context (one whole session)
+    kv_mib = 512.0            # KV memory budget (MiB): the pool is the smaller of max_context and this; 0: none
 
     [agent]
     tools_dir = ""            # a folder of .py files whose public typed functions become tools
@@ -17,6 +19,9 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     max_tokens = 200          # tokens per free reply
     follow_up = "none"        # tool_choice after a tool result: "none" answers from it (the 135M default
                               # model loops on "auto"); "auto" lets a larger model chain tools
+    trim_low_water = 0.6      # when a call would not fit the context budget, drop whole oldest turns down
+                              # to this fraction of it (system prompt, tools and the current turn stay)
+    context_tokens = 0        # a cap on the context budget in tokens (0: the model's context and the pool)
 
     [store]
     path = ""                 # the sessions database ("" = kvdeck.db in the user data folder)
@@ -43,7 +48,8 @@ class EngineSettings:
     weights: str = "nvfp4"
     kv: str = "f32"
     threads: int = 0
-    max_context: int = 4096
+    max_context: int = 0  # KV pool in tokens; 0: the model's context
+    kv_mib: float = 512.0  # KV memory budget; the pool is the smaller of the two (0: no budget)
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class AgentSettings:
     tool_timeout_s: float = 10.0
     max_tokens: int = 200
     follow_up: str = "none"
+    trim_low_water: float = 0.6  # a trim cuts the prompt to this fraction of the context budget
+    context_tokens: int = 0  # cap on the context budget (0: none)
 
 
 @dataclass(frozen=True)

@@ -153,5 +153,5 @@ class ContextKeeper:
         ids, segs = prompt.request()
         check = detector.check(ids, segs)
         if check.broken:  # the kept history moved: a trim, not a cache killer (segment "history")
-            check = replace(check, segment="history", changed_segments=())
+            check = replace(check, segment="history", changed_segments=trim.segments)
         return PreparedCall(ids, segs, check, budget, trim, untrimmed_computed)

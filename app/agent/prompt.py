@@ -97,6 +97,7 @@ class Trim:
     before: int  # prompt ids before the trim (without the assistant header)
     after: int  # ... and after
     static: int  # the static prefix (system + tools), kept
+    segments: tuple[str, ...] = ()  # the dropped messages' segment names (history[i]:role)
 
     def describe(self) -> str:
         span = f"{self.turns[0]}" if len(self.turns) == 1 else f"{self.turns[0]}–{self.turns[-1]}"
@@ -227,13 +228,14 @@ class CanonicalPrompt:
         cut = spans[n_turns].start  # first kept token
         n_msgs = sum(s.messages for s in spans[:n_turns])
         before = len(self.ids)
+        gone = tuple(s.name for s in self.segments[2: 2 + n_msgs])
         self.ids = self.ids[:static] + self.ids[cut:]
         shift = cut - static
         kept = self.segments[2 + n_msgs:]
         self.segments = self.segments[:2] + [Segment(s.name, s.start - shift, s.end - shift, s.digest, s.turn)
                                              for s in kept]
         self._roles = self._roles[n_msgs:]
-        return Trim(tuple(s.turn for s in spans[:n_turns]), n_msgs, shift, before, len(self.ids), static)
+        return Trim(tuple(s.turn for s in spans[:n_turns]), n_msgs, shift, before, len(self.ids), static, gone)
 
     def checkpoint(self) -> PromptState:
         return PromptState(tuple(self.ids), tuple(self.segments), tuple(self._roles), self.system_prompt)

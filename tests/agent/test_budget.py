@@ -1,0 +1,142 @@
+"""The context budget: the trim policy on token spans (pure), CanonicalPrompt.trim on real token ids,
+and a long conversation on a tiny KV pool that must trim instead of failing."""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timezone
+
+import pytest
+
+from app.agent.budget import BudgetPolicy, ContextOverflow, context_budget, plan_trim
+from app.agent.prompt import CanonicalPrompt, TurnSpan
+
+
+# ---- the policy on spans ---------------------------------------------------------------------
+def spans(static: int, sizes: list[int]) -> list[TurnSpan]:
+    out, at = [], static
+    for i, n in enumerate(sizes, 1):
+        out.append(TurnSpan(i, at, at + n, 2))
+        at += n
+    return out
+
+
+def test_no_trim_while_the_call_fits():
+    hist = spans(300, [50] * 4)
+    assert plan_trim(300 + 200 + 40, hist, reserve=16, budget=600) is None
+    assert plan_trim(584, hist, reserve=16, budget=600) is None  # exactly full still fits
+
+
+def test_drops_oldest_whole_turns_down_to_the_low_water_mark():
+    static, sizes, current = 300, [50, 60, 70, 80, 90], 40
+    hist = spans(static, sizes)
+    prompt = static + sum(sizes) + current  # 690
+    plan = plan_trim(prompt, hist, reserve=16, budget=700, low_water=0.6)
+    assert plan is not None and plan.fits
+    assert plan.target_tokens == 420
+    # whole turns, oldest first: dropping 50, 60, 70, 80 leaves 430 > 420; the fifth (90) leaves 340
+    assert plan.drop == 5 and plan.dropped_tokens == sum(sizes)
+    assert plan.kept_tokens == static + current <= plan.target_tokens
+    # a looser mark stops as soon as it is reached, never inside a turn
+    plan = plan_trim(prompt, hist, reserve=16, budget=700, low_water=0.9)
+    assert plan.drop == 2 and plan.kept_tokens == prompt - 110 <= 630
+
+
+def test_the_static_prefix_and_the_turn_in_progress_are_never_dropped():
+    # the turn in progress (a big tool exchange) alone is over the budget: nothing to drop can save it
+    hist = spans(300, [50, 50])
+    plan = plan_trim(300 + 100 + 500, hist, reserve=16, budget=700)
+    assert plan.drop == 2 and not plan.fits and plan.kept_tokens == 800
+    assert plan_trim(900, [], reserve=16, budget=700).fits is False
+
+
+def test_a_large_reply_reserve_drops_past_the_mark():
+    hist = spans(100, [40] * 5)
+    plan = plan_trim(100 + 200 + 20, hist, reserve=200, budget=400, low_water=0.6)
+    assert plan.kept_tokens + 200 <= 400 and plan.fits  # under the mark is not enough: the reply must fit
+
+
+def test_budget_is_the_least_of_model_pool_and_cap():
+    snap = {"free_pages": 10, "evictable_pages": 20, "pinned_pages": 25, "locked_pages": 3, "block": 16}
+    b = context_budget(snap, model_context=8192, own_pinned_pages=19)
+    assert b.pool_tokens == (10 + 20 + 19) * 16 and b.tokens == b.pool_tokens  # others' 6 pinned pages are not ours
+    assert context_budget(snap, model_context=512, own_pinned_pages=19).tokens == 512
+    assert context_budget(snap, 8192, 19, cap=300).tokens == 300
+    with pytest.raises(ValueError, match="trim_low_water"):
+        BudgetPolicy(low_water=1.5)
+
+
+# ---- CanonicalPrompt.trim on real ids ----------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _chat(root):
+    from app.agent.parse import call_format_for
+    from app.engine.chat_format import chat_format_for
+    from app.engine.loader import read_config, read_tokenizer, resolve_model_dir
+
+    d = resolve_model_dir(root, "nvfp4")
+    cfg = read_config(d)
+    return chat_format_for(cfg.chat_format, read_tokenizer(d)), call_format_for(cfg.chat_format, cfg.chat_template)
+
+
+def test_trim_keeps_the_kept_turns_ids_exactly(root):
+    chat, calls = _chat(root)
+    schema = {"name": "now", "description": "The time.", "parameters": {"type": "object", "properties": {}}}
+    p = CanonicalPrompt(chat, calls, [schema])
+    t0 = datetime(2026, 5, 9, 7, 35, tzinfo=timezone.utc)
+    for t in range(1, 6):
+        p.add_user(f"question {t}", now=t0, turn=t)
+        p.add_assistant(chat.encode(f"answer {t}"))
+        if t == 3:
+            p.add_tool_result("a tool result")
+            p.add_assistant(chat.encode("after the tool"))
+    static = p.ids[: p.static_tokens]
+    before = list(p.ids)
+    turns = p.turns()
+    assert [t.turn for t in turns] == [1, 2, 3, 4, 5] and turns[2].messages == 4
+    trim = p.trim(3)
+    assert trim.turns == (1, 2, 3) and trim.messages == 8
+    assert p.ids == static + before[turns[3].start:]  # same ids, no re-tokenisation
+    assert trim.tokens == turns[3].start - len(static) and trim.after == len(p.ids)
+    assert [s.name for s in p.segments][2:] == ["history[8]:user", "history[9]:assistant",
+                                                 "history[10]:user", "history[11]:assistant"]
+    for s in p.segments:
+        assert s.end <= len(p.ids)
+    assert "context trimmed: dropped turns 1–3" in trim.describe()
+    with pytest.raises(ValueError, match="turn in progress"):
+        p.trim(2)  # only one older turn is left
+    state = p.checkpoint()
+    p.add_user("question 6", now=t0, turn=6)
+    p.restore(state)
+    assert p.ids == static + before[turns[3].start:] and [t.turn for t in p.turns()] == [4, 5]
+
+
+# ---- a long conversation on a tiny pool -----------------------------------------------------------
+def test_fifteen_turns_on_a_forty_page_pool_trim_and_never_fail(root, tmp_path):
+    import tools
+    from app.agent import Agent, AgentLimits, Toolkit
+    from app.engine import load_engine
+    from app.events import EngineCallFinished, PrefixBreak, TurnFailed, TurnFinished
+
+    tools.configure(workspace=tmp_path, notes_dir=tools.notes_dir())
+    eng = load_engine(root, weights="nvfp4", threads=1, kv_pages=40)
+    # low water 80%: a trim keeps a couple of turns (at 60% of 640 tokens only the static prefix would stay)
+    agent = Agent(eng, Toolkit([tools.calculate, tools.now]), limits=AgentLimits(max_steps=1, max_tokens=8),
+                  budget=BudgetPolicy(low_water=0.8))
+    agent.prewarm()
+    events = [e for t in range(15) for e in agent.run_turn(f"Say hello number {t}.", tool_choice="none")]
+    assert not [e for e in events if isinstance(e, TurnFailed)]
+    assert len([e for e in events if isinstance(e, TurnFinished)]) == 15
+    calls = [e for e in events if isinstance(e, EngineCallFinished) and getattr(e.stats, "kind", "") != "prewarm"]
+    trims = [c for c in calls if c.trimmed_tokens > 0]
+    assert trims, "a 640-token pool cannot hold 15 turns without a trim"
+    for c in calls:
+        assert 0 < c.context_used <= c.context_budget <= 40 * 16
+    for c in trims:
+        # the pinned static prefix is still served from the cache; the kept history is recomputed
+        assert c.stats.cached_tokens >= agent.prompt.static_tokens // 16 * 16
+        assert c.trim_recomputed_tokens > 0
+    breaks = [b for b in events if isinstance(b, PrefixBreak)]
+    assert breaks and all(b.cause == "trimmed" and b.segment == "history" for b in breaks)
+    assert {b.call for b in breaks} == {c.call for c in trims}
+    with pytest.raises(ContextOverflow):  # the turn in progress alone can be too big: a clear error, no trim
+        agent.context.prepare(agent.prompt, agent.detector, reserve=10_000)
