@@ -74,7 +74,13 @@ class SafetensorsFile:
         arr = self._mm[e.begin: e.end].view(_DTYPES[e.dtype]).reshape(e.shape)
         if e.dtype == "BF16":
             return bf16_to_f32(arr)
-        if e.dtype in ("F16", "F64", "F32"):
+        if e.dtype == "F64":
+            with np.errstate(over="ignore"):
+                out = arr.astype(np.float32)
+            if np.isinf(out).any() and not np.isinf(arr[np.isinf(out)]).all():
+                raise ModelError(f"{self.path}: tensor {name!r} (F64) has values beyond the float32 range")
+            return out
+        if e.dtype in ("F16", "F32"):
             return arr.astype(np.float32)
         return np.array(arr)
 

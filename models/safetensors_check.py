@@ -31,6 +31,7 @@ DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
                "U8": 1, "BOOL": 1}
 # The reference implementation refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100_000_000
+_U64 = 2**64  # dims, offsets and byte counts are u64 there: anything at or above overflows
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,18 @@ def parse_header(path: str | Path, dtypes: Mapping[str, int] = DTYPE_SIZES) -> S
         dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
         if not isinstance(dt, str) or dt not in dtypes:
             raise ModelError(f"{where}: unsupported dtype {dt!r}; supported: {', '.join(dtypes)}")
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d < _U64 for d in shape):
             raise ModelError(f"{where}: shape {shape!r} is not a list of non-negative integers")
         if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)):
             raise ModelError(f"{where}: data_offsets {offs!r} is not a pair of integers")
         a, b = offs
-        if not 0 <= a <= b:
+        if not 0 <= a <= b < _U64:
             raise ModelError(f"{where}: data_offsets [{a}, {b}] are not 0 <= begin <= end")
-        need = math.prod(shape) * dtypes[dt]
+        need = 1
+        for d in [*shape, dtypes[dt]]:  # in order, as the reference does: an overflow is an error
+            need *= d
+            if need >= _U64:
+                raise ModelError(f"{where}: shape {shape} {dt} overflows a 64-bit byte count")
         if b - a != need:
             raise ModelError(f"{where}: {dt}{shape} needs {need} bytes, data_offsets give {b - a}")
         entries[name] = TensorEntry(name, dt, tuple(shape), base + a, base + b)
