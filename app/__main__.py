@@ -1,11 +1,16 @@
 """The composition root: `kvdeck` and its subcommands.
 
-    kvdeck chat                 a plain terminal chat with the local model
+    kvdeck chat [--resume ID]   a terminal chat with the agent (stored; --no-store to skip)
     kvdeck run [--json] [--tool-choice auto|required|none|NAME] TASK
-                                one agent turn (tools, constrained calls); --json prints one JSON
-                                line per engine call (the ledger) and per tool call
-    kvdeck check-prefix --task FILE [--min-reuse 0.8]
+                                one agent turn (tools, constrained calls), stored; --json prints one
+                                JSON line per engine call (the ledger) and per tool call
+    kvdeck check-prefix --task FILE [--min-reuse 0.8] [--db PATH]
                                 a scripted multi-turn task; non-zero exit when prefix reuse is short
+    kvdeck sessions list|show|search|export|import|delete
+                                the stored sessions (app/store)
+    kvdeck replay ID|FILE [--with weights=f16,kv=f16,cache=off,prewarm=off,pages=N] [--json]
+                                a stored session with its ledger; --with re-runs it under another
+                                configuration (recorded tool results fed back) and compares
     kvdeck models ...           fetch / convert models (the offline pipeline in models/)
     kvdeck bench kernels|cpu    benchmarks
 """
@@ -51,13 +56,48 @@ def _load(args):
     from app.engine import load_engine
 
     s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
-    return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None, **_pool(s))
+    return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None,
+                       **_pool(s, getattr(args, "kv_pages", None)))
 
 
 def _sampling(args):
     from app.engine import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def _toolbox(a, names: tuple[str, ...] | None = None):
+    """The agent's tool functions (built-ins + the [agent] tools folder), optionally only `names`
+    (ValueError naming a missing one), and the setup a tool worker process runs first."""
+    import tools
+    from app.agent import load_tools_dir
+
+    tools.configure(workspace=a.workspace, notes_dir=a.notes_dir or None)
+    fns = tools.builtin_tools() + (load_tools_dir(a.tools_dir) if a.tools_dir else [])
+    if names is not None:
+        by_name = {f.__name__: f for f in fns}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ValueError(f"the session used tools this kvdeck does not have: {', '.join(missing)}")
+        fns = [by_name[n] for n in names]
+    setup = ("tools", "configure", {"workspace": str(tools.workspace()), "notes_dir": str(tools.notes_dir())})
+    return fns, setup
+
+
+def _store_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("--db", help="the sessions database (default: [store] path, or the user data folder)")
+    if not optional:
+        p.add_argument("--no-store", action="store_true", help="do not store this session")
+    p.add_argument("--kv-pages", type=int, help="KV pool pages (default: the model's context)")
+
+
+def _prep(args):
+    """What app.chat reads from the arguments: sampling and the model's name."""
+    from app.config import load_settings
+
+    args.sampling = _sampling(args)
+    args.model_name = load_settings(model=args.model).engine.model
+    return args
 
 
 def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = None):
@@ -80,54 +120,15 @@ def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = No
     return agent
 
 
-def _event_line(ev, called: dict) -> dict | None:
-    """The --json line for an event (None for the ones not printed: token deltas, starts)."""
-    from app.events import EngineCallFinished, PrefixBreak, PromptLinted, ToolCalled, ToolReturned, TurnFailed, TurnFinished
-
-    if isinstance(ev, ToolCalled):
-        called[ev.call_id] = ev
-        return None
-    if isinstance(ev, ToolReturned):
-        c = called.get(ev.call_id)
-        return {"event": "tool_call", "turn": ev.turn, "id": ev.call_id, "name": ev.name,
-                "arguments": c.arguments if c else None, "ok": ev.ok, "result": ev.content,
-                "elapsed_s": round(ev.elapsed_s, 4)}
-    if isinstance(ev, EngineCallFinished):
-        return {"event": "engine_call"} | {k: v for k, v in ev.as_dict().items() if k != "event"}
-    if isinstance(ev, (PrefixBreak, PromptLinted, TurnFinished, TurnFailed)):
-        return ev.as_dict()
-    return None
-
-
 def cmd_run(args) -> int:
+    """One agent turn (app.chat.run_once: stored, Ctrl-C cancels); --no-tools: the model alone, not stored."""
     from app.engine.chat_format import Message, chat_format_for
-    from app.events import TokenDelta, ToolCalled, ToolReturned, TurnFailed
 
     eng = _load(args)
     if not args.no_tools:
-        agent = _agent(args, eng)
-        called: dict = {}
-        failed = False
-        for ev in agent.run_turn(args.prompt, args.tool_choice):
-            failed |= isinstance(ev, TurnFailed)
-            if args.json:
-                line = _event_line(ev, called)
-                if line is not None:
-                    sys.stdout.write(orjson.dumps(line, default=str).decode() + "\n")
-                    sys.stdout.flush()
-            elif isinstance(ev, TokenDelta):
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-            elif isinstance(ev, ToolCalled):
-                sys.stdout.write("\n")
-                sys.stderr.write(f"[tool {ev.name or '?'} {orjson.dumps(ev.arguments).decode()}]\n")
-            elif isinstance(ev, ToolReturned):
-                sys.stderr.write(f"[{'ok' if ev.ok else 'error'} {ev.content[:200]}]\n")
-            elif isinstance(ev, TurnFailed):
-                sys.stderr.write(f"kvdeck: turn failed: {ev.error}\n")
-        if not args.json:
-            sys.stdout.write("\n")
-        return 1 if failed else 0
+        from app.chat import run_once
+
+        return run_once(_prep(args), eng, _toolbox)
     fmt = chat_format_for(eng.config.chat_format, eng.tokenizer)
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     gen = eng.generate(fmt.prompt_ids(messages), _sampling(args), max_tokens=args.max_tokens)
@@ -137,7 +138,13 @@ def cmd_run(args) -> int:
         out = gen.stats.as_dict() | {"reply": gen.text()}
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
         return 0
-    _stream(eng, gen)
+    try:
+        _stream(eng, gen)
+    except KeyboardInterrupt:
+        gen.cancel()
+        gen.close()
+        sys.stderr.write("\n[Ctrl-C: the reply was stopped]\n")
+        return 130
     return 0
 
 
@@ -181,10 +188,27 @@ def _transcript(ev) -> None:
 def cmd_check_prefix(args) -> int:
     from app.agent.tasks import format_report, gate_passes, load_task, run_task
 
+    from app.chat import make_agent, open_writer, start
+    from app.store import new_id
+
     task = load_task(args.task)
     eng = _load(args)
-    agent = _agent(args, eng, system_timestamp=task.system_timestamp or args.system_timestamp, follow_up=task.follow_up)
-    report = run_task(agent, task, _transcript if args.transcript else None)
+    _prep(args)
+    writer = open_writer(args, "task") if args.db else None  # stored only when --db is given
+    sid = new_id()
+    agent = make_agent(eng, _toolbox, sampling=args.sampling, max_tokens=args.max_tokens, follow_up=task.follow_up,
+                       system_timestamp=task.system_timestamp or args.system_timestamp, session_id=sid)
+    sink = (lambda ev: (writer(ev), args.transcript and _transcript(ev))) if writer else \
+        (_transcript if args.transcript else None)
+    prewarm = not args.no_prewarm and eng.prefix_cache
+    try:
+        start(agent, writer, prewarm=prewarm, title=f"task {task.name}", model=args.model_name, run_prewarm=False)
+        report = run_task(agent, task, sink, prewarm=prewarm)  # the pre-warm's events go to the report too
+    finally:
+        agent.close()
+        if writer:
+            writer.end_session(sid)
+            writer.close()
     for line in format_report(task, report, args.min_reuse, args.gate):
         print(line)
     ok, verdict = gate_passes(report, args.min_reuse, args.gate)
@@ -193,36 +217,17 @@ def cmd_check_prefix(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    """A terminal chat. The conversation is kept as token ids and only appended to (the
-    model's own output ids included), so each turn is served from the prefix cache."""
-    from app.engine.chat_format import Message, chat_format_for
+    """A terminal chat with the agent (app.chat.chat): the conversation is kept as token ids and
+    only appended to, so each turn is served from the prefix cache; stored unless --no-store."""
+    from app.chat import chat
 
-    eng = _load(args)
-    fmt = chat_format_for(eng.config.chat_format, eng.tokenizer)
-    session = eng.session("chat")
-    ids: list[int] = fmt.message_ids(Message("system", args.system)) if args.system else []
-    print(f"kvdeck chat — {eng.config.model} ({eng.weight_format} weights, {eng.kv_format} KV, {eng.backend}). "
-          "Empty line or Ctrl-D to quit.")
-    while True:
-        try:
-            line = input("> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            print()
-            return 0
-        if not line:
-            return 0
-        prompt = ids + fmt.message_ids(Message("user", line)) + fmt.encode(fmt.assistant_prefix())
-        gen = session.generate(prompt, _sampling(args), max_tokens=args.max_tokens)
-        try:
-            _stream(eng, gen)
-        except KeyboardInterrupt:
-            gen.close()
-            print("\n[interrupted]")
-        # The reply as the model produced it; close it if it was cut short.
-        ids = prompt + gen.output_ids
-        if not gen.output_ids or gen.output_ids[-1] not in eng.config.stop_token_ids:
-            ids += fmt.encode(fmt.end_of_turn())
-        ids += fmt.encode(fmt.after_turn())
+    return chat(_prep(args), lambda: _load(args), _toolbox)
+
+
+def cmd_replay(args) -> int:
+    from app.chat import replay
+
+    return replay(_prep(args), _toolbox)
 
 
 def _console_builder(args):
@@ -279,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["sessions"]:
+        from app.chat import db_path
+        from app.store.cli import main as sessions_main
+
+        return sessions_main(argv[1:], db_path)
     if argv[:1] == ["telemetry"]:
         from app.telemetry.cli import main as telemetry_main
 
@@ -292,14 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     p_con.add_argument("--no-tools", action="store_true", help="no tools: a plain chat with the model")
     p_con.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
     p_con.add_argument("--theme", help="textual-dark | textual-light | ansi-dark | ansi-light (16 colours)")
-    p_chat = sub.add_parser("chat", help="plain terminal chat")
+    p_chat = sub.add_parser("chat", help="a terminal chat with the agent (stored)")
     _engine_args(p_chat)
+    _store_args(p_chat)
+    p_chat.add_argument("--resume", metavar="ID", help="continue a stored session (a unique id prefix)")
+    p_chat.add_argument("--tool-choice", default="auto", help="auto | required | none | a tool's name (default auto)")
+    p_chat.add_argument("--no-tools", action="store_true", help="no tools: the system prompt and the model alone")
+    p_chat.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
     p_run = sub.add_parser("run", help="one answer to PROMPT")
     _engine_args(p_run)
     p_run.add_argument("--json", action="store_true", help="one JSON line per engine call (the ledger) and per tool call")
     p_run.add_argument("--tool-choice", default="auto", help="auto | required | none | a tool's name (default auto)")
     p_run.add_argument("--no-tools", action="store_true", help="a plain answer from the model, without the agent")
     p_run.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
+    _store_args(p_run)
     p_run.add_argument("prompt")
     p_chk = sub.add_parser("check-prefix", help="run a scripted agent task; fail when prefix reuse is short")
     _engine_args(p_chk)
@@ -310,6 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     p_chk.add_argument("--system-timestamp", action="store_true", help="put the time in the system prompt (the bug)")
     p_chk.add_argument("--transcript", action="store_true", help="print the conversation as it runs")
     p_chk.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
+    _store_args(p_chk, optional=True)
+    p_rep = sub.add_parser("replay", help="a stored session with its ledger; --with re-runs it under another config")
+    _engine_args(p_rep)
+    p_rep.add_argument("id", help="a session id (unique prefix) or an exported session file (imported first)")
+    p_rep.add_argument("--with", dest="with_", metavar="K=V,...",
+                       help="RunConfig changes: weights=f16,kv=f16,cache=off,prewarm=off,pages=N (or any field)")
+    p_rep.add_argument("--rerun", action="store_true", help="re-run under the recorded configuration")
+    p_rep.add_argument("--json", action="store_true", help="the comparison as one JSON object")
+    _store_args(p_rep)
+    sub.add_parser("sessions", help="stored sessions (kvdeck sessions --help)")
     sub.add_parser("models", help="fetch / convert models (kvdeck models --help)")
     sub.add_parser("bench", help="benchmarks (kvdeck bench --help)")
     args = parser.parse_args(argv)
@@ -317,11 +343,12 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["console", *argv])
     from app.config import ConfigError
     from app.engine import EngineError
+    from app.store import StoreError
 
     try:
         return {"chat": cmd_chat, "run": cmd_run, "check-prefix": cmd_check_prefix,
-                "console": cmd_console}[args.cmd](args)
-    except (EngineError, ConfigError, ValueError) as e:
+                "console": cmd_console, "replay": cmd_replay}[args.cmd](args)
+    except (EngineError, ConfigError, ValueError, StoreError) as e:
         sys.stderr.write(f"kvdeck: error: {e}\n")
         return 2
 

@@ -55,6 +55,20 @@ def telemetry_row(sid: str, turn: int, call: int, t: dict) -> dict:
             "detail": json.dumps(t, default=str)}
 
 
+def call_row(sid: str, ev: EngineCallFinished) -> dict:
+    """An engine_calls row from an EngineCallFinished (the pool columns come from its KVSnapshot)."""
+    row = {"session_id": sid, "turn": ev.turn, "call": ev.call, "kind": getattr(ev.stats, "kind", "generate"),
+           "tool_choice": ev.tool_choice, "reusable_tokens": ev.reusable_tokens, "output_tokens": ev.output_tokens,
+           "t_wall": ev.t_wall}
+    for name, _ in CALL_STATS:
+        row[name] = getattr(ev.stats, name, None)
+    return row
+
+
+def snapshot_columns(ev: KVSnapshot) -> dict:
+    return {"kv_total_pages": ev.total_pages, "kv_block": ev.block, "kv_bytes_per_token": ev.bytes_per_token}
+
+
 class StoreWriter:
     """Consumes events (call it with each one); owns its connection and thread. Thread-safe to call."""
 
@@ -144,18 +158,12 @@ class StoreWriter:
                                 "token_ids": pack_ids(ev.ids), "t_wall": ev.t_wall})
             st.seq += 1
         elif isinstance(ev, EngineCallFinished):
-            row = {"session_id": sid, "turn": ev.turn, "call": ev.call,
-                   "kind": getattr(ev.stats, "kind", "generate"), "tool_choice": ev.tool_choice,
-                   "reusable_tokens": ev.reusable_tokens, "output_tokens": ev.output_tokens, "t_wall": ev.t_wall}
-            for name, _ in CALL_STATS:
-                row[name] = getattr(ev.stats, name, None)
-            st.last_call = st.add("engine_calls", row)
+            st.last_call = st.add("engine_calls", call_row(sid, ev))
             if ev.telemetry:
                 st.add("telemetry", telemetry_row(sid, ev.turn, ev.call, ev.telemetry))
         elif isinstance(ev, KVSnapshot):
             if st.last_call is not None and (st.last_call["turn"], st.last_call["call"]) == (ev.turn, ev.call):
-                st.last_call |= {"kv_total_pages": ev.total_pages, "kv_block": ev.block,
-                                 "kv_bytes_per_token": ev.bytes_per_token}
+                st.last_call |= snapshot_columns(ev)
         elif isinstance(ev, CacheEvent):
             st.add("cache_events", {"session_id": sid, "turn": ev.turn, "call": ev.call, "kind": ev.kind,
                                     "engine_session": ev.engine_session, "pages": ev.pages, "tokens": ev.tokens,
