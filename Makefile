@@ -9,7 +9,7 @@ MODEL   ?= smollm2-135m
 WEIGHTS := models/weights/$(MODEL)
 NATIVE_SRC := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null) CMakeLists.txt pyproject.toml
 
-.PHONY: run test build model lint bench cuda-check clean
+.PHONY: run test build model lint bench cuda-check cross-check tsan-check clean
 
 run: build model
 	$(VENV)/bin/kvdeck
@@ -63,6 +63,29 @@ cuda-check:
 	         -gencode arch=compute_90,code=sm_90 -c $$f -o /dev/null || exit 1; \
 	  done; echo "cuda-check: compiled $$(ls native/kernels/cuda/*.cu | wc -l) file(s)"; \
 	else echo "cuda-check: skipped (no nvcc or no .cu files)"; fi
+
+# Cross-compile the core library and the native tests for aarch64 (the Jetson's ISA) and run
+# the tests under qemu: an x86-only intrinsic outside its guard fails here. Needs
+# g++-aarch64-linux-gnu and qemu-user (.ci/run installs them). No Python module is built.
+CROSS_BUILD := build/aarch64-linux-gnu
+cross-check: $(VENV)/.deps
+	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
+	  { echo "cross-check: needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt-get install g++-aarch64-linux-gnu qemu-user)"; exit 1; }
+	$(VENV)/bin/cmake -S . -B $(CROSS_BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DKVDECK_PYTHON=OFF -DKVDECK_TESTS=ON \
+	  -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(VENV)/bin/cmake --build $(CROSS_BUILD) -j2
+	$(VENV)/bin/ctest --test-dir $(CROSS_BUILD) --output-on-failure -V
+
+# The engine's thread contract under ThreadSanitizer: the core built with -fsanitize=thread
+# and native/tests/thread_stress.cpp (generation with evictions and cancels on one thread,
+# snapshot / tree / event reads on others). Not part of `make test` (a separate build).
+TSAN_BUILD := build/tsan
+tsan-check: $(VENV)/.deps
+	$(VENV)/bin/cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+	  -DKVDECK_TSAN=ON -DKVDECK_PYTHON=OFF -DKVDECK_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	$(VENV)/bin/cmake --build $(TSAN_BUILD) -j2 --target thread_stress
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(TSAN_BUILD)/thread_stress 400
 
 clean:
 	rm -rf build $(VENV)

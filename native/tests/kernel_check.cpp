@@ -1,0 +1,343 @@
+// kernel_check.cpp — the CPU kernels against plain reference loops, without Python.
+//
+// Built with -DKVDECK_TESTS=ON (CMakeLists.txt) and run by `make cross-check` under
+// qemu-aarch64, so the portable (scalar) paths that a Jetson runs are checked on every CI
+// run. Integer results are compared bit for bit: codecs over all their codes, activation
+// quantisation, and every GEMM format on inputs whose float scales are powers of two (so
+// every product and partial sum is exact in any order). Float results (random GEMM inputs,
+// row ops, attention) are compared with a float64 reference within a stated bound.
+// Each ISA the CPU supports runs the GEMM checks; on aarch64 that is scalar alone.
+// Exit status: 0 when every check passed, 1 otherwise (each failure is printed).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvdeck/formats.h"
+#include "kvdeck/kernels.h"
+#include "kvdeck/ops_cpu.h"
+
+using namespace kvdeck;
+
+namespace {
+
+// ---- reporting -----------------------------------------------------------------------
+int g_failures = 0, g_checks = 0;
+
+void check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok && ++g_failures <= 20) std::printf("FAIL %s\n", what.c_str());
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::mt19937 rng(12345);
+int rand_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+float rand_normal() { return std::normal_distribution<float>(0.0f, 1.0f)(rng); }
+
+// ---- independent decoders (formulas, not the library's bit tricks) ----------------------
+double ref_f16(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  if (e == 31) return m ? NAN : (s ? -INFINITY : INFINITY);
+  const double v = e == 0 ? std::ldexp(double(m), -24) : std::ldexp(1.0 + m / 1024.0, e - 15);
+  return s ? -v : v;
+}
+double ref_e4m3(uint8_t b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  const double v = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -v : v;
+}
+double ref_e2m1(uint8_t c) {
+  static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return c & 8 ? -mag[c & 7] : mag[c & 7];
+}
+bool same(double ref, float got) { return std::isnan(ref) ? std::isnan(got) : double(got) == ref && std::signbit(ref) == std::signbit(got); }
+
+// ============================================================================
+// Codecs: every code
+// ============================================================================
+void check_codecs() {
+  int bad = 0;
+  for (int h = 0; h < 65536; ++h) {
+    const float f = f16_to_f32(uint16_t(h));
+    bad += !same(ref_f16(uint16_t(h)), f);
+    if (!std::isnan(f)) bad += f32_to_f16(f) != uint16_t(h);
+  }
+  // Round to nearest even: the midpoint between two adjacent finite halves goes to the even one.
+  for (int h = 0; h < 0x7BFF; ++h) {
+    const float mid = float((ref_f16(uint16_t(h)) + ref_f16(uint16_t(h + 1))) / 2);  // exact in f32
+    bad += f32_to_f16(mid) != uint16_t(h % 2 == 0 ? h : h + 1);
+  }
+  check(bad == 0, "f16 codec: " + std::to_string(bad) + " codes differ from the reference");
+  bad = 0;
+  for (int b = 0; b < 256; ++b) {
+    const float f = e4m3_to_f32(uint8_t(b));
+    bad += !same(ref_e4m3(uint8_t(b)), f);
+    if (!std::isnan(f)) bad += f32_to_e4m3(f) != uint8_t(b);
+  }
+  check(bad == 0, "e4m3 codec: " + std::to_string(bad) + " codes differ from the reference");
+  bad = 0;
+  for (int c = 0; c < 16; ++c) {
+    bad += !same(ref_e2m1(uint8_t(c)), e2m1_to_f32(uint8_t(c)));
+    bad += f32_to_e2m1(e2m1_to_f32(uint8_t(c))) != uint8_t(c);
+  }
+  check(bad == 0, "e2m1 codec: " + std::to_string(bad) + " codes differ from the reference");
+}
+
+// ============================================================================
+// Activation quantisation: bit for bit
+// ============================================================================
+void check_quantize(const char* isa) {
+  const int M = 16, K = 272, Kp = round_up(K, kQ8Block), nb = Kp / kQ8Block;
+  std::vector<float> x(size_t(M) * K);
+  for (auto& v : x) v = rand_normal() * 3.0f;
+  for (int k = 32; k < 64; ++k) x[k] = 0.0f;  // an all-zero block: d = 0, q = 0
+  std::vector<int8_t> q(size_t(M) * Kp);
+  std::vector<float> d(size_t(M) * nb);
+  std::vector<int32_t> s(size_t(M) * nb);
+  ActQ8 a{M, Kp, q.data(), d.data(), s.data()};
+  quantize_act_q8(x.data(), M, K, a);
+  int bad = 0;
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < nb; ++b) {
+      float amax = 0.0f;
+      for (int k = b * 32; k < std::min(K, b * 32 + 32); ++k) amax = std::fmax(amax, std::fabs(x[size_t(m) * K + k]));
+      const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int k = b * 32; k < b * 32 + 32; ++k) {
+        const int v = k < K ? int(std::nearbyint(x[size_t(m) * K + k] * id)) : 0;
+        bad += q[size_t(m) * Kp + k] != v;
+        sum += v;
+      }
+      bad += bits(d[size_t(m) * nb + b]) != bits(amax / 127.0f);
+      bad += s[size_t(m) * nb + b] != sum;
+    }
+  check(bad == 0, std::string(isa) + " quantize_act_q8: " + std::to_string(bad) + " values differ");
+}
+
+// ============================================================================
+// GEMM: every format, exact (power-of-two scales) and random (float64 bound)
+// ============================================================================
+struct Case {
+  WeightView w;
+  std::vector<float> wf;        // the dequantised weight [N, K] (float64 reference input)
+  std::vector<float> f32;       // storage
+  std::vector<uint16_t> f16;    // storage (weights or w4a8 scales)
+  std::vector<uint8_t> codes, scales;
+};
+
+// exact: small integer values and power-of-two scales, so every product and sum is exact.
+Case make_case(DType t, int N, int K, int group, bool exact) {
+  Case c;
+  c.w.dtype = t;
+  c.w.N = N;
+  c.w.K = K;
+  c.wf.assign(size_t(N) * K, 0.0f);
+  if (t == DType::F32 || t == DType::F16) {
+    c.w.Kp = K;
+    for (auto& v : c.wf) v = exact ? float(rand_int(-8, 8)) : float(ref_f16(f32_to_f16(rand_normal())));
+    if (t == DType::F32) {
+      c.f32 = c.wf;
+      c.w.data = c.f32.data();
+    } else {
+      for (float v : c.wf) c.f16.push_back(f32_to_f16(v));
+      c.w.data = c.f16.data();
+    }
+    return c;
+  }
+  const int Kp = round_up(K, kQuantPad);
+  c.w.Kp = Kp;
+  c.codes.assign(size_t(N) * Kp / 2, 0);
+  c.w.data = c.codes.data();
+  const int gs = t == DType::NVFP4 ? kNvfp4Block : group;
+  c.w.group = gs;
+  std::vector<double> scale(size_t(N) * (Kp / gs));
+  for (auto& s : scale) s = exact ? std::ldexp(1.0, rand_int(-1, 1)) : 0.01 + 0.05 * std::fabs(rand_normal());
+  if (t == DType::NVFP4) {
+    c.w.tscale = exact ? 0.5f : 1.7f;
+    for (double s : scale) c.scales.push_back(f32_to_e4m3(float(s)));
+    c.w.scales = c.scales.data();
+  } else {
+    for (double s : scale) c.f16.push_back(f32_to_f16(float(s)));
+    c.w.scales = c.f16.data();
+  }
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {  // padding k in [K, Kp) keeps code 0 (value 0)
+      const int code = rand_int(0, 15);
+      c.codes[(size_t(n) * Kp + k) / 2] |= uint8_t(code << (4 * (k & 1)));
+      const size_t si = size_t(n) * (Kp / gs) + k / gs;
+      c.wf[size_t(n) * K + k] = t == DType::NVFP4
+                                    ? float(ref_e2m1(uint8_t(code)) * ref_e4m3(c.scales[si]) * c.w.tscale)
+                                    : float((code - 8) * ref_f16(c.f16[si]));
+    }
+  return c;
+}
+
+void check_gemm(const char* isa, DType t, int group, bool exact) {
+  const int M = 3, N = 7, K = 80, Kp = round_up(K, kQ8Block);
+  Case c = make_case(t, N, K, group, exact);
+  std::vector<float> x(size_t(M) * K);
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) {
+      // exact: integers with each 32-block's amax = 127 * 2^e, so d = 2^e and q = x / d exactly
+      const int b = k / 32, e = (m + b) % 3 - 1;
+      const float v = exact ? float(k % 32 == 0 ? 127 : rand_int(-127, 127)) : rand_normal();
+      x[size_t(m) * K + k] = exact && is_integer(t) ? std::ldexp(v, e) : (exact ? float(rand_int(-8, 8)) : v);
+    }
+  std::vector<int8_t> q(size_t(M) * Kp);
+  std::vector<float> d(size_t(M) * Kp / 32);
+  std::vector<int32_t> s(size_t(M) * Kp / 32);
+  ActQ8 a{M, Kp, q.data(), d.data(), s.data()};
+  quantize_act_q8(x.data(), M, K, a);
+  const int ldy = N + 2;
+  std::vector<float> y(size_t(M) * ldy, -1.0f);
+  gemm(c.w, x.data(), &a, M, y.data(), ldy, 1, N);  // columns [1, N): column 0 untouched
+  int bad = 0;
+  double worst = 0.0;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double ref = 0.0, mag = 0.0;
+      for (int k = 0; k < K; ++k) {
+        // integer formats multiply the quantised activations; the dense ones x itself
+        const double xv = is_integer(t) ? double(q[size_t(m) * Kp + k]) * d[size_t(m) * Kp / 32 + k / 32]
+                                        : double(x[size_t(m) * K + k]);
+        ref += xv * c.wf[size_t(n) * K + k];
+        mag += std::fabs(xv * c.wf[size_t(n) * K + k]);
+      }
+      const float got = y[size_t(m) * ldy + n];
+      if (n == 0) {
+        bad += got != -1.0f;
+      } else if (exact) {
+        bad += double(got) != ref;
+      } else {
+        const double err = std::fabs(got - ref) / (mag + 1e-30);
+        worst = std::max(worst, err);
+        bad += err > 1e-5;
+      }
+    }
+  const std::string name = std::string(isa) + " gemm " + dtype_name(t) + (t == DType::W4A8 ? " group " + std::to_string(group) : "");
+  check(bad == 0, name + (exact ? " exact: " : " random: ") + std::to_string(bad) + " outputs differ" +
+                      (exact ? "" : " (worst relative error " + std::to_string(worst) + ", bound 1e-5)"));
+}
+
+// ============================================================================
+// Row ops, NVFP4 KV rows and attention (portable paths)
+// ============================================================================
+void check_rows() {
+  const int n = 96;
+  std::vector<float> x(n), w(n), y(n), b(n);
+  for (int i = 0; i < n; ++i) x[i] = rand_normal(), w[i] = rand_normal(), b[i] = rand_normal();
+  cpu::rmsnorm_row(x.data(), w.data(), n, 1e-5f, y.data());
+  double ss = 0.0, worst = 0.0;
+  for (float v : x) ss += double(v) * v;
+  for (int i = 0; i < n; ++i)
+    worst = std::max(worst, std::fabs(y[i] - x[i] / std::sqrt(ss / n + 1e-5) * w[i]) / (std::fabs(w[i]) + 1e-3));
+  check(worst < 1e-5, "rmsnorm_row: error " + std::to_string(worst));
+  cpu::silu_mul_row(x.data(), b.data(), n, y.data());
+  worst = 0.0;
+  for (int i = 0; i < n; ++i)
+    worst = std::max(worst, std::fabs(y[i] - x[i] / (1.0 + std::exp(-double(x[i]))) * b[i]) / (std::fabs(b[i]) + 1e-3));
+  check(worst < 1e-5, "silu_mul_row: error " + std::to_string(worst));
+
+  // NVFP4 KV rows: the encoder's bytes against the spec written with the scalar codecs.
+  const int D = 64;
+  std::vector<uint8_t> row(D / 2 + D / 16), ref(D / 2 + D / 16, 0);
+  std::vector<float> back(D);
+  int bad = 0;
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<float> kx(D);
+    for (auto& v : kx) v = rand_normal() * (rep % 5 == 0 ? 0.0f : 1.0f + rep);
+    cpu::kv_nvfp4_encode_row(kx.data(), D, row.data());
+    cpu::kv_nvfp4_decode_row(row.data(), D, back.data());
+    std::fill(ref.begin(), ref.end(), 0);
+    for (int blk = 0; blk < D / 16; ++blk) {
+      float amax = 0.0f;
+      for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(kx[blk * 16 + i]));
+      const uint8_t sc = f32_to_e4m3(amax / 6.0f);
+      const float sd = e4m3_to_f32(sc);
+      ref[D / 2 + blk] = sc;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t code = sd > 0.0f ? f32_to_e2m1(kx[blk * 16 + i] / sd) : 0;
+        ref[(blk * 16 + i) / 2] |= uint8_t(code << (4 * (i & 1)));
+        bad += bits(back[blk * 16 + i]) != bits(float(ref_e2m1(code) * sd));
+      }
+    }
+    bad += std::memcmp(row.data(), ref.data(), row.size()) != 0;
+  }
+  check(bad == 0, "kv_nvfp4 rows: " + std::to_string(bad) + " bytes or values differ from the spec");
+}
+
+void check_attention() {
+  const int block = 16, nkv = 2, D = 64, G = 2, ctx = 300, n_pages = (ctx + block - 1) / block;
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<float> k(size_t(n_pages) * block * nkv * D), v(k.size()), q(size_t(G) * D), out(size_t(G) * D);
+  for (auto& e : k) e = rand_normal();
+  for (auto& e : v) e = rand_normal();
+  for (auto& e : q) e = rand_normal();
+  std::vector<int32_t> pages(n_pages);
+  for (int p = 0; p < n_pages; ++p) pages[p] = n_pages - 1 - p;  // a scrambled page table
+  cpu::KvView kv{k.data(), v.data(), KvDType::F32, block, nkv, D, pages.data()};
+  std::vector<float> work(cpu::attention_work_floats(G, ctx, block, D));
+  const int g = 1;
+  cpu::attention_query(kv, g, q.data(), G, ctx, scale, out.data(), work.data());
+  double worst = 0.0;
+  for (int h = 0; h < G; ++h) {
+    std::vector<double> sc(ctx);
+    double mx = -1e300, sum = 0.0;
+    auto at = [&](const std::vector<float>& t, int tok, int i) {
+      return double(t[((size_t(pages[tok / block]) * block + tok % block) * nkv + g) * D + i]);
+    };
+    for (int t = 0; t < ctx; ++t) {
+      double dot = 0.0;
+      for (int i = 0; i < D; ++i) dot += double(q[size_t(h) * D + i]) * at(k, t, i);
+      sc[t] = dot * scale;
+      mx = std::max(mx, sc[t]);
+    }
+    for (int t = 0; t < ctx; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+    for (int i = 0; i < D; ++i) {
+      double o = 0.0;
+      for (int t = 0; t < ctx; ++t) o += sc[t] / sum * at(v, t, i);
+      worst = std::max(worst, std::fabs(o - out[size_t(h) * D + i]));
+    }
+  }
+  check(worst < 2e-5, "attention_query (f32 KV, 300 tokens, 2 segments): error " + std::to_string(worst));
+}
+
+}  // namespace
+
+// ============================================================================
+// main
+// ============================================================================
+int main() {
+  std::printf("kernel_check: default ISA %s\n", kernel_isa());
+#if defined(__aarch64__)
+  // No NEON kernels yet: the dispatcher must fall back to the portable ones.
+  check(std::strcmp(kernel_isa(), "scalar") == 0, std::string("aarch64 default ISA is ") + kernel_isa());
+  check(!cpu_supports("avx2") && !set_kernel_isa("avx2"), "aarch64 claims avx2");
+#endif
+  check_codecs();
+  check_rows();
+  check_attention();
+  for (const char* isa : {"scalar", "avx2", "avx512vnni"}) {
+    if (!set_kernel_isa(isa)) continue;
+    check_quantize(isa);
+    for (bool exact : {true, false}) {
+      check_gemm(isa, DType::F32, 0, exact);
+      check_gemm(isa, DType::F16, 0, exact);
+      check_gemm(isa, DType::NVFP4, 0, exact);
+      for (int group : {16, 32, 96}) check_gemm(isa, DType::W4A8, group, exact);
+    }
+    std::printf("kernel_check: %s kernels checked\n", isa);
+  }
+  std::printf("kernel_check: %d checks, %d failed\n", g_checks, g_failures);
+  return g_failures ? 1 : 0;
+}
