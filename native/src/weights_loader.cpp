@@ -1,5 +1,10 @@
+// weights_loader.cpp — WeightsBuilder (kvdeck/weights_loader.h): per-tensor validation and
+// upload, then assembly of ModelWeights from docs/ENGINE.md names.
 #include "kvdeck/weights_loader.h"
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 
 namespace kvdeck {
@@ -11,108 +16,234 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-struct Loader {
-  Engine& eng;
-  const NamedTensors& t;
+size_t itemsize(const std::string& dtype) {
+  if (dtype == "f32") return 4;
+  if (dtype == "f16") return 2;
+  if (dtype == "u8") return 1;
+  return 0;
+}
 
-  const HostTensor* find(const std::string& name) const {
-    auto it = t.find(name);
-    return it == t.end() ? nullptr : &it->second;
-  }
-  const HostTensor& get(const std::string& name, const std::string& dtype,
-                        const std::vector<int64_t>& shape) const {
-    const HostTensor* h = find(name);
-    if (!h) throw std::invalid_argument("weights: tensor " + name + " is missing");
-    if (h->dtype != dtype)
-      throw std::invalid_argument("weights: tensor " + name + " has dtype " + h->dtype + ", expected " + dtype);
-    if (h->shape != shape)
-      throw std::invalid_argument("weights: tensor " + name + " has shape " + shape_str(h->shape) +
-                                  ", expected " + shape_str(shape));
-    return *h;
-  }
-  const void* up(const HostTensor& h) const { return eng.upload(h.data, h.nbytes); }
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
 
-  const float* vec(const std::string& name, int n) const {
-    return static_cast<const float*>(up(get(name, "f32", {n})));
-  }
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument("weights: " + msg); }
 
-  // A linear weight [N, K] in whichever format the file holds (docs/ENGINE.md).
-  WeightView linear(const std::string& p, int N, int K) const {
-    WeightView w;
-    w.N = N;
-    w.K = K;
-    if (const HostTensor* h = find(p + ".weight")) {
-      if (h->dtype != "f32" && h->dtype != "f16")
-        throw std::invalid_argument("weights: tensor " + p + ".weight has dtype " + h->dtype);
-      w.dtype = h->dtype == "f32" ? DType::F32 : DType::F16;
-      w.Kp = K;
-      w.data = up(get(p + ".weight", h->dtype, {N, K}));
-      return w;
-    }
-    const int Kp = round_up(K, kQuantPad);
-    w.Kp = Kp;
-    if (!find(p + ".weight.codes"))
-      throw std::invalid_argument("weights: tensor " + p + ".weight (or .weight.codes) is missing");
-    w.data = up(get(p + ".weight.codes", "u8", {N, Kp / 2}));
-    if (find(p + ".weight.tscale")) {
-      w.dtype = DType::NVFP4;
-      w.group = kNvfp4Block;
-      w.scales = up(get(p + ".weight.scales", "u8", {N, Kp / kNvfp4Block}));
-      w.tscale = *static_cast<const float*>(get(p + ".weight.tscale", "f32", {1}).data);
-    } else {
-      w.dtype = DType::W4A8;
-      const HostTensor* s = find(p + ".weight.scales");
-      if (!s || s->shape.size() != 2 || s->shape[1] <= 0 || Kp % s->shape[1] != 0)
-        throw std::invalid_argument("weights: tensor " + p + ".weight.scales is missing or misshapen");
-      w.group = Kp / int(s->shape[1]);
-      w.scales = up(get(p + ".weight.scales", "f16", {N, s->shape[1]}));
-    }
-    return w;
-  }
-};
+void expect(const std::string& name, const HostTensor& t, const std::string& dtype,
+            const std::vector<int64_t>& shape) {
+  if (t.dtype != dtype) fail("tensor " + name + " has dtype " + t.dtype + ", expected " + dtype);
+  if (t.shape != shape)
+    fail("tensor " + name + " has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
+}
 
 }  // namespace
 
-void load_weights(Engine& engine, const NamedTensors& tensors, bool tie_embeddings) {
+// ---- construction: the tensor names this model's config implies ------------------------
+WeightsBuilder::WeightsBuilder(Engine& engine, bool tie_embeddings) : engine_(engine), tie_(tie_embeddings) {
   const ModelConfig& c = engine.config();
-  const Loader ld{engine, tensors};
   const int H = c.hidden, F = c.intermediate, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
+  linears_["model.embed_tokens"] = {c.vocab, H};
+  linears_["lm_head"] = {c.vocab, H};
+  vectors_["model.norm.weight"] = H;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    vectors_[p + "input_layernorm.weight"] = H;
+    vectors_[p + "post_attention_layernorm.weight"] = H;
+    linears_[p + "self_attn.q_proj"] = {QD, H};
+    linears_[p + "self_attn.k_proj"] = {KD, H};
+    linears_[p + "self_attn.v_proj"] = {KD, H};
+    linears_[p + "self_attn.o_proj"] = {H, QD};
+    linears_[p + "mlp.gate_proj"] = {F, H};
+    linears_[p + "mlp.up_proj"] = {F, H};
+    linears_[p + "mlp.down_proj"] = {H, F};
+    if (c.attn_bias) {
+      vectors_[p + "self_attn.q_proj.bias"] = QD;
+      vectors_[p + "self_attn.k_proj.bias"] = KD;
+      vectors_[p + "self_attn.v_proj.bias"] = KD;
+    }
+    if (c.qk_norm) {
+      vectors_[p + "self_attn.q_norm.weight"] = c.head_dim;
+      vectors_[p + "self_attn.k_norm.weight"] = c.head_dim;
+    }
+  }
+}
+
+// ---- add: one tensor ---------------------------------------------------------------------
+void WeightsBuilder::check_spec(const std::string& name, const HostTensor& t) const {
+  if (done_) fail("tensor " + name + " added after finish()");
+  if (got_.count(name)) fail("tensor " + name + " given twice");
+  const size_t isz = itemsize(t.dtype);
+  if (isz == 0) fail("tensor " + name + " has dtype " + t.dtype + " (f32, f16 or u8 expected)");
+  size_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<size_t>::max() / isz / size_t(d)))
+      fail("tensor " + name + " has an invalid shape " + shape_str(t.shape));
+    n *= size_t(d);
+  }
+  if (n * isz != t.nbytes)
+    fail("tensor " + name + " has " + std::to_string(t.nbytes) + " bytes; shape " + shape_str(t.shape) + " " +
+         t.dtype + " needs " + std::to_string(n * isz));
+  if (t.nbytes && !t.data) fail("tensor " + name + " has no data");
+
+  if (auto v = vectors_.find(name); v != vectors_.end()) return expect(name, t, "f32", {v->second});
+  static const char* const kSuffixes[] = {".weight", ".weight.codes", ".weight.scales", ".weight.tscale"};
+  for (const char* suffix : kSuffixes) {
+    if (!ends_with(name, suffix)) continue;
+    const auto it = linears_.find(name.substr(0, name.size() - std::strlen(suffix)));
+    if (it == linears_.end()) break;
+    const int N = it->second.N, K = it->second.K, Kp = round_up(K, kQuantPad);
+    const std::string sfx = suffix;
+    if (it->first == "model.embed_tokens" && sfx != ".weight")
+      fail("tensor " + name + ": model.embed_tokens.weight must be f32 or f16 (not quantised)");
+    if (sfx == ".weight") {
+      if (t.dtype != "f32" && t.dtype != "f16")
+        fail("tensor " + name + " has dtype " + t.dtype + ", expected f32 or f16");
+      return expect(name, t, t.dtype, {N, K});
+    }
+    if (sfx == ".weight.codes") return expect(name, t, "u8", {N, Kp / 2});
+    if (sfx == ".weight.tscale") return expect(name, t, "f32", {1});
+    if (t.dtype == "u8") return expect(name, t, "u8", {N, Kp / kNvfp4Block});  // nvfp4 E4M3 scales
+    if (t.shape.size() != 2 || t.shape[1] <= 0 || Kp % t.shape[1] != 0)
+      fail("tensor " + name + " has shape " + shape_str(t.shape) + ", expected [" + std::to_string(N) +
+           ", Kp/group] with Kp = " + std::to_string(Kp));
+    return expect(name, t, "f16", {N, t.shape[1]});  // w4a8 scales
+  }
+  const ModelConfig& c = engine_.config();
+  fail("unexpected tensor " + name + " (not a tensor of this model: " + std::to_string(c.n_layers) +
+       " layers, attn_bias " + (c.attn_bias ? "on" : "off") + ", qk_norm " + (c.qk_norm ? "on" : "off") + ")");
+}
+
+void WeightsBuilder::add(const std::string& name, const HostTensor& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_spec(name, t);
+  Entry e;
+  e.dtype = t.dtype;
+  e.shape = t.shape;
+  if (ends_with(name, ".weight.tscale")) {
+    std::memcpy(&e.scalar, t.data, sizeof(float));  // WeightView::tscale: a host scalar, never uploaded
+  } else {
+    e.device = engine_.upload(t.data, t.nbytes);
+    bytes_ += t.nbytes;
+  }
+  got_.emplace(name, std::move(e));
+}
+
+int WeightsBuilder::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return int(got_.size());
+}
+
+size_t WeightsBuilder::uploaded_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+// ---- finish: assemble and install ---------------------------------------------------------
+WeightsBuilder::Entry* WeightsBuilder::find(const std::string& name) {
+  auto it = got_.find(name);
+  return it == got_.end() ? nullptr : &it->second;
+}
+
+const float* WeightsBuilder::vec(const std::string& name) {
+  Entry* e = find(name);
+  if (!e) fail("tensor " + name + " is missing");
+  e->used = true;
+  return static_cast<const float*>(e->device);
+}
+
+// A linear weight [N, K] in whichever format was added (docs/ENGINE.md).
+WeightView WeightsBuilder::linear(const std::string& p) {
+  const Shape2 s = linears_.at(p);
+  WeightView w;
+  w.N = s.N;
+  w.K = s.K;
+  if (Entry* e = find(p + ".weight")) {
+    e->used = true;
+    w.dtype = e->dtype == "f32" ? DType::F32 : DType::F16;
+    w.Kp = s.K;
+    w.data = e->device;
+    return w;
+  }
+  w.Kp = round_up(s.K, kQuantPad);
+  Entry* codes = find(p + ".weight.codes");
+  if (!codes) fail("tensor " + p + ".weight (or .weight.codes) is missing");
+  Entry* scales = find(p + ".weight.scales");
+  if (!scales) fail("tensor " + p + ".weight.scales is missing");
+  codes->used = scales->used = true;
+  w.data = codes->device;
+  w.scales = scales->device;
+  if (Entry* t = find(p + ".weight.tscale")) {
+    if (scales->dtype != "u8")
+      fail("tensor " + p + ".weight.scales is f16 (w4a8) but " + p + ".weight.tscale (nvfp4) is present");
+    t->used = true;
+    w.dtype = DType::NVFP4;
+    w.group = kNvfp4Block;
+    w.tscale = t->scalar;
+  } else {
+    if (scales->dtype != "f16") fail("tensor " + p + ".weight.tscale is missing (u8 scales are nvfp4)");
+    w.dtype = DType::W4A8;
+    w.group = w.Kp / int(scales->shape[1]);
+  }
+  return w;
+}
+
+void WeightsBuilder::finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) fail("finish() called twice");
+  done_ = true;
+  const ModelConfig& c = engine_.config();
   ModelWeights w;
-  w.embed = ld.linear("model.embed_tokens", c.vocab, H);
-  if (w.embed.dtype != DType::F32 && w.embed.dtype != DType::F16)
-    throw std::invalid_argument("weights: model.embed_tokens.weight must be f32 or f16");
-  w.final_norm = ld.vec("model.norm.weight", H);
-  const bool has_head = ld.find("lm_head.weight") || ld.find("lm_head.weight.codes");
+  w.embed = linear("model.embed_tokens");
+  w.final_norm = vec("model.norm.weight");
+  const bool has_head = find("lm_head.weight") || find("lm_head.weight.codes") || find("lm_head.weight.scales");
   if (has_head)
-    w.lm_head = ld.linear("lm_head", c.vocab, H);
-  else if (tie_embeddings)
+    w.lm_head = linear("lm_head");
+  else if (tie_)
     w.lm_head = w.embed;
   else
-    throw std::invalid_argument("weights: tensor lm_head.weight is missing and embeddings are not tied");
+    fail("tensor lm_head.weight is missing and embeddings are not tied");
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights L;
-    L.attn_norm = ld.vec(p + "input_layernorm.weight", H);
-    L.mlp_norm = ld.vec(p + "post_attention_layernorm.weight", H);
-    L.wq = ld.linear(p + "self_attn.q_proj", QD, H);
-    L.wk = ld.linear(p + "self_attn.k_proj", KD, H);
-    L.wv = ld.linear(p + "self_attn.v_proj", KD, H);
-    L.wo = ld.linear(p + "self_attn.o_proj", H, QD);
+    L.attn_norm = vec(p + "input_layernorm.weight");
+    L.mlp_norm = vec(p + "post_attention_layernorm.weight");
+    L.wq = linear(p + "self_attn.q_proj");
+    L.wk = linear(p + "self_attn.k_proj");
+    L.wv = linear(p + "self_attn.v_proj");
+    L.wo = linear(p + "self_attn.o_proj");
     if (c.attn_bias) {
-      L.bq = ld.vec(p + "self_attn.q_proj.bias", QD);
-      L.bk = ld.vec(p + "self_attn.k_proj.bias", KD);
-      L.bv = ld.vec(p + "self_attn.v_proj.bias", KD);
+      L.bq = vec(p + "self_attn.q_proj.bias");
+      L.bk = vec(p + "self_attn.k_proj.bias");
+      L.bv = vec(p + "self_attn.v_proj.bias");
     }
     if (c.qk_norm) {
-      L.q_norm = ld.vec(p + "self_attn.q_norm.weight", c.head_dim);
-      L.k_norm = ld.vec(p + "self_attn.k_norm.weight", c.head_dim);
+      L.q_norm = vec(p + "self_attn.q_norm.weight");
+      L.k_norm = vec(p + "self_attn.k_norm.weight");
     }
-    L.w_gate = ld.linear(p + "mlp.gate_proj", F, H);
-    L.w_up = ld.linear(p + "mlp.up_proj", F, H);
-    L.w_down = ld.linear(p + "mlp.down_proj", H, F);
+    L.w_gate = linear(p + "mlp.gate_proj");
+    L.w_up = linear(p + "mlp.up_proj");
+    L.w_down = linear(p + "mlp.down_proj");
     w.layers.push_back(L);
   }
-  engine.set_weights(std::move(w));
+  std::vector<std::string> unused;
+  for (const auto& [name, e] : got_)
+    if (!e.used) unused.push_back(name);
+  if (!unused.empty()) {
+    std::sort(unused.begin(), unused.end());
+    fail("tensor " + unused.front() + " is not used by the format of its layer (" + std::to_string(unused.size()) +
+         " unused; mixed forms such as X.weight beside X.weight.codes?)");
+  }
+  engine_.set_weights(std::move(w));
+}
+
+// ---- the whole-dict form -------------------------------------------------------------------
+void load_weights(Engine& engine, const NamedTensors& tensors, bool tie_embeddings) {
+  WeightsBuilder b(engine, tie_embeddings);
+  std::vector<const std::string*> names;
+  for (const auto& kv : tensors) names.push_back(&kv.first);
+  std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  for (const std::string* n : names) b.add(*n, tensors.at(*n));
+  b.finish();
 }
 
 }  // namespace kvdeck
