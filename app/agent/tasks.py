@@ -106,6 +106,18 @@ class TaskReport:
         return sum(c.stats.cached_tokens for c in calls) / prompt if prompt else 0.0
 
     @property
+    def trim_calls(self) -> list[EngineCallFinished]:
+        """The calls whose prompt the context budget trimmed (whole old turns dropped)."""
+        return [c for c in self.turn_calls if getattr(c, "trimmed_tokens", 0) > 0]
+
+    @property
+    def untrimmed_reuse(self) -> float:
+        """Σ cached / Σ prompt over the turns' calls that are not trims."""
+        calls = [c for c in self.turn_calls if getattr(c, "trimmed_tokens", 0) == 0]
+        prompt = sum(c.stats.prompt_tokens for c in calls)
+        return sum(c.stats.cached_tokens for c in calls) / prompt if prompt else 0.0
+
+    @property
     def reusable_tokens(self) -> int:
         return sum(c.reusable_tokens for c in self.turn_calls)
 
@@ -149,7 +161,9 @@ def format_report(task: Task, report: TaskReport, min_reuse: float, gate: str) -
     for c in report.calls:
         s = c.stats
         yield (f"{c.call:>4} {c.turn:>4} {c.tool_choice:<14} {s.prompt_tokens:>6} {s.cached_tokens:>6} "
-               f"{c.reusable_tokens:>8} {c.output_tokens:>4} {s.prefill_s:>9.2f}")
+               f"{c.reusable_tokens:>8} {c.output_tokens:>4} {s.prefill_s:>9.2f}"
+               + (f"  trimmed: {c.trimmed_tokens} dropped, {c.trim_recomputed_tokens} recomputed"
+                  if getattr(c, "trimmed_tokens", 0) else ""))
     for issue in report.lint:
         yield f"lint: {issue}"
     for b in report.breaks:
@@ -163,6 +177,9 @@ def format_report(task: Task, report: TaskReport, min_reuse: float, gate: str) -
            f"including the pre-warm" + (f" (call 0: {warm[0].stats.computed_tokens} tokens computed)" if warm else " (none ran)"))
     yield (f"steady state (the turns' calls only, the pre-warmed prefix counted as cached): engine reuse "
            f"{report.steady_reuse:.1%}; reusable {report.reusable_tokens} (token comparison {report.reusable:.1%})")
+    trims = report.trim_calls
+    yield (f"context trims: {len(trims)} call(s)" + (f" ({', '.join(str(c.call) for c in trims)})" if trims else "")
+           + f"; engine reuse without the trim calls {report.untrimmed_reuse:.1%}, with them {report.steady_reuse:.1%}")
     if report.cached_tokens == 0:
         yield "note: no token was served from the prefix cache (cache off, or nothing to reuse)"
 
