@@ -19,6 +19,7 @@ How the composition root (app/__main__.py) and the store wire it:
     # or, over any history / list of samples (e.g. a recorded trace):
     summarize_call(history_or_samples, t0, t1, tokens) -> CallTelemetry
 
+`panel_dict(sample, sampler)` is the console thermal panel's reading (app/tui/widgets/power.py).
 `to_event(sample)` wraps a Sample into app.events.TelemetrySample(source, values).
 This package never imports the agent, the TUI or textual.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from app.telemetry.energy import CallTelemetry, summarize_call
 from app.telemetry.history import History
+from app.telemetry.panel import panel_dict
 from app.telemetry.recorded import RecordedSource, TraceWriter, load_trace
 from app.telemetry.sample import Sample, Source, SourceUnavailable
 from app.telemetry.sampler import Sampler
@@ -44,5 +46,5 @@ def to_event(sample: Sample, session_id: str = ""):
 __all__ = [
     "CallTelemetry", "History", "NAMES", "ORDER", "RecordedSource", "Sample", "Sampler", "Source",
     "SourceUnavailable", "TraceWriter", "default_chain", "load_trace", "make_source", "open_first",
-    "summarize_call", "to_event",
+    "panel_dict", "summarize_call", "to_event",
 ]

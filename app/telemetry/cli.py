@@ -48,7 +48,7 @@ def format_line(s: Sample) -> str:
         parts.append(f"mode {s.power_mode}")
     active = [k for k, v in s.throttle.items() if v is True]
     counters = {k: v for k, v in s.throttle.items() if not isinstance(v, bool)}
-    if active or counters:
+    if s.throttle:
         parts.append("throttle " + (",".join(active) or "none") +
                      ("".join(f" {k}={v}" for k, v in counters.items())))
     return "  ".join(parts)

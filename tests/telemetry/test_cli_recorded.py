@@ -76,3 +76,17 @@ def test_recorded_trace_gives_a_call_summary_and_an_event(tmp_path, capsys):
     ev = to_event(samples[0])
     assert type(ev).__name__ == "TelemetrySample" and ev.source == "jetson-sysfs"
     assert ev.values["rails_w"]["VDD_GPU_SOC"] == 2.3875 and "t_mono" not in ev.values
+
+
+def test_panel_reading_does_not_double_count_vdd_in():
+    from app.telemetry import panel_dict
+    from app.telemetry.jetson_sysfs import JetsonSysfs
+
+    nano = JetsonSysfs(FIX / "orin_nano")
+    nano.open()
+    d = panel_dict(nano.read())
+    assert d["power_w"] == {"VDD_IN": 5.0843} and d["unavailable"] == "" and d["gpu_pct"] == 12.0
+    agx = JetsonSysfs(FIX / "agx_orin")
+    agx.open()
+    assert sum(panel_dict(agx.read())["power_w"].values()) == pytest.approx(6.9938, abs=1e-4)
+    assert panel_dict(None)["unavailable"] == "telemetry: no reading yet"

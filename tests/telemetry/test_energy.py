@@ -85,3 +85,28 @@ def test_history_bounded_with_downsampled_tier_used_for_old_windows():
     assert len(h.series(8.0)) == 9 and h.series(25.0)[0].t_mono == 7.0
     h.append(smp(5, p=1.0))  # out of time order (a trace restarting): ignored
     assert h.latest().t_mono == 29.0
+
+
+def test_recorded_h200_trace_energy_matches_numpy_and_shows_the_load():
+    """The committed NVML trace (assets/telemetry): each call's energy equals numpy's trapezoid over
+    the same piecewise-linear power curve, and generating draws clearly more than idling."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from app.telemetry import load_trace
+
+    assets = Path(__file__).resolve().parents[2] / "assets" / "telemetry"
+    trace = load_trace(assets / "h200_nvml_generate.jsonl")
+    calls = json.loads((assets / "h200_nvml_generate.calls.json").read_text())
+    ts = np.array([s.t_mono for s in trace])
+    ps = np.array([s.power_w for s in trace])
+    idle = float(np.median(ps[ts < calls[0]["t0"] - 3.0]))
+    for c in calls:
+        got = summarize_call(trace, c["t0"], c["t1"], c["tokens"])
+        grid = np.concatenate([[c["t0"]], ts[(ts > c["t0"]) & (ts < c["t1"])], [c["t1"]]])
+        want = float(np.trapezoid(np.interp(grid, ts, ps), grid))
+        assert got.energy_j == pytest.approx(want, rel=1e-6)
+        assert got.tokens_per_j == pytest.approx(c["tokens"] / want, rel=1e-3)
+        assert got.mean_power_w > idle + 40.0 and got.held_s == 0.0 and not got.throttled
