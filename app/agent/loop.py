@@ -309,7 +309,8 @@ class Agent:
             try:  # the context budget: may drop the oldest whole turns (a trim) so the call fits
                 prep = self.context.prepare(self.prompt, self.detector, max_new)
             except ContextOverflow as e:
-                return self._ev(TurnFailed, turn, f"the conversation does not fit this session's context: {e}",
+                return self._ev(TurnFailed, turn, f"the message does not fit this session's context: {e}; "
+                                "the turn was undone, the conversation is as it was",
                                 {"kind": "context"})
             ids, segs, check = prep.ids, prep.segments, prep.check
             self.call_index += 1

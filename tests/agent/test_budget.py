@@ -140,3 +140,37 @@ def test_fifteen_turns_on_a_forty_page_pool_trim_and_never_fail(root, tmp_path):
     assert {b.call for b in breaks} == {c.call for c in trims}
     with pytest.raises(ContextOverflow):  # the turn in progress alone can be too big: a clear error, no trim
         agent.context.prepare(agent.prompt, agent.detector, reserve=10_000)
+
+
+def test_a_turn_that_cannot_fit_fails_cleanly_and_the_next_turn_works(root, tmp_path):
+    import tools
+    from app.agent import Agent, AgentLimits, Toolkit
+    from app.agent.budget import ContextBudget
+    from app.engine import load_engine
+    from app.events import PrefixBreak, TurnFailed, TurnFinished
+
+    tools.configure(workspace=tmp_path, notes_dir=tools.notes_dir())
+    eng = load_engine(root, weights="nvfp4", threads=1, kv_pages=40)
+    agent = Agent(eng, Toolkit([tools.calculate, tools.now]), limits=AgentLimits(max_steps=1, max_tokens=8))
+    agent.prewarm()
+    assert isinstance(list(agent.run_turn("Hello.", "none"))[-1], TurnFinished)
+    before = list(agent.prompt.ids)
+    huge = "word " * 400  # ~400 tokens + the 311-token static prefix: more than the 640-token pool
+
+    # the budget refuses it before the engine is called
+    (failed,) = [e for e in agent.run_turn(huge, "none") if isinstance(e, TurnFailed)]
+    assert failed.details["kind"] == "context" and "context budget of 640 tokens" in failed.error
+    assert "undone" in failed.error and agent.prompt.ids == before  # no orphan user message
+
+    # a budget that lies (as if another session freed pages that it did not): the engine's own
+    # KvPoolFull ends the turn, and it is rolled back too
+    real = agent.context.budget
+    agent.context.budget = lambda: ContextBudget(100_000, 8192, 100_000, 0)
+    (failed,) = [e for e in agent.run_turn(huge, "none") if isinstance(e, TurnFailed)]
+    assert failed.details["kind"] == "pool_full" and agent.prompt.ids == before
+    agent.context.budget = real
+
+    events = list(agent.run_turn("Hello again.", "none"))
+    assert isinstance(events[-1], TurnFinished)
+    assert not [e for e in events if isinstance(e, PrefixBreak)]  # the failed turns left no trace in the prefix
+    eng.check_integrity()
