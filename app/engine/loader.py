@@ -8,6 +8,7 @@ folder is an EngineError naming the file and what is wrong.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import numpy as np
 from app.engine import _native
 from app.engine.engine import Engine
 from app.engine.errors import EngineError
+from app.engine.folder_check import check_config_fields, check_weights
+from app.engine.safetensors_header import SafetensorsHeader
 from app.engine.types import ModelConfig
 
 FORMAT_VERSION = 1
@@ -58,8 +61,9 @@ def read_config(folder: Path) -> ModelConfig:
         raw = json.loads(f.read_text())
     except FileNotFoundError:
         raise EngineError(f"{f}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise EngineError(f"{f}: not valid JSON ({e})") from None
+    check_config_fields(raw, f)  # folder_check.py: every field's type and range
     version = raw.get("format_version")
     if version != FORMAT_VERSION:
         raise EngineError(f"{f}: format_version {version!r} is not supported (this kvdeck reads {FORMAT_VERSION})")
@@ -103,7 +107,7 @@ def read_config(folder: Path) -> ModelConfig:
         chat_format=str(raw.get("chat_format", "generic")),
         weight_format=str(weights.get("format", folder.name)),
         rope_scaling=raw.get("rope_scaling"),
-        chat_template=str(raw.get("chat_template", "")),
+        chat_template=raw.get("chat_template") or "",  # null (no template) is "", not "None"
     )
 
 
@@ -129,20 +133,60 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     return inv
 
 
-# ---- tensors --------------------------------------------------------------------------
-def read_tensors(folder: Path) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+# ---- tensors: mapped and uploaded one at a time (peak memory; issue 8) ----------------
+# Peak host memory while loading is the engine's copy plus one tensor's mapped pages: the
+# file is mmap'ed, each tensor is handed to the native WeightsBuilder (which copies it into
+# engine memory with the GIL released) and its pages are dropped from the mapping right
+# after (MADV_DONTNEED). Largest tensors go first, so the one-tensor overhead is that of a
+# small tensor for most of the load (tests/unit/test_load_memory.py measures the peak).
+NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "U8": np.dtype("u1")}
+DROP_ALIGN = 1 << 20  # page-aligned, and wider than the kernel's fault-around window (64 KiB)
 
-    f = folder / "model.safetensors"
-    if not f.is_file():
-        raise EngineError(f"{f}: missing")
+
+def upload_tensors(native, header: SafetensorsHeader, tie_embeddings: bool) -> int:
+    """Map the file of a validated `header` (safetensors_header.parse_header) and upload
+    every tensor into `native` (an _native.Engine) through a WeightsBuilder, then install the
+    weights. Returns the bytes uploaded. Mutates `native`; on error (EngineError naming the
+    file and tensor) the engine should be discarded."""
+    f = header.path
+    builder = _native.WeightsBuilder(native, tie_embeddings)
     try:
-        return load_file(str(f))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise EngineError(f"{f}: unreadable or truncated safetensors ({e})") from None
+        with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if len(mm) != header.file_size:
+                raise EngineError(f"{f}: changed while loading ({len(mm)} bytes, header read {header.file_size})")
+            for e in sorted(header.tensors.values(), key=lambda e: e.begin - e.end):  # largest first
+                dtype = NUMPY_DTYPES.get(e.dtype)
+                if dtype is None:
+                    raise EngineError(f"{f}: tensor {e.name}: dtype {e.dtype} is not one the engine reads "
+                                      f"({', '.join(NUMPY_DTYPES)})")
+                arr = np.frombuffer(mm, dtype, (e.end - e.begin) // dtype.itemsize, e.begin).reshape(e.shape)
+                try:
+                    builder.add(e.name, arr)
+                finally:
+                    del arr  # the mapping cannot close while a view exports it
+                # Drop the tensor's pages from the mapping, and the neighbours that the
+                # kernel's fault-around mapped with them (they re-fault if needed later).
+                lo, hi = e.begin // DROP_ALIGN * DROP_ALIGN, -(-e.end // DROP_ALIGN) * DROP_ALIGN
+                mm.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(mm)) - lo)
+        builder.finish()
+    except ValueError as err:
+        raise EngineError(f"{f}: {err}") from None
+    except OSError as err:
+        raise EngineError(f"{f}: unreadable ({err})") from None
+    return builder.uploaded_bytes
 
 
+def upload_arrays(native, tensors: dict[str, np.ndarray], tie_embeddings: bool) -> int:
+    """Upload in-memory arrays (tests, tiny random models) the way upload_tensors uploads a
+    file. Raises ValueError naming the tensor. Returns the bytes uploaded."""
+    builder = _native.WeightsBuilder(native, tie_embeddings)
+    for name in sorted(tensors):
+        builder.add(name, np.ascontiguousarray(tensors[name]))
+    builder.finish()
+    return builder.uploaded_bytes
+
+
+# ---- end of the tensor section ---------------------------------------------------------
 def read_tokenizer(folder: Path):
     from tokenizers import Tokenizer
 
@@ -175,8 +219,8 @@ def load_engine(
         raise EngineError(f"kv format '{kv}' is not supported ({', '.join(KV_FORMATS)})")
     folder = resolve_model_dir(path, weights)
     cfg = read_config(folder)
+    header = check_weights(folder / "model.safetensors", cfg)  # folder_check.py: tensors vs config
     tokenizer = read_tokenizer(folder)
-    tensors = read_tensors(folder)
     native_cfg = {
         "hidden": cfg.hidden_size,
         "intermediate": cfg.intermediate_size,
@@ -206,7 +250,7 @@ def load_engine(
     }
     try:
         native = _native.Engine(native_cfg, options)
-        native.load_weights(tensors, cfg.tie_word_embeddings)
     except ValueError as e:
         raise EngineError(f"{folder / 'model.safetensors'}: {e}") from None
+    upload_tensors(native, header, cfg.tie_word_embeddings)  # tensor by tensor (peak memory)
     return Engine(native, cfg, tokenizer, folder, prefix_cache=prefix_cache)

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.engine import _native
+from app.engine.loader import upload_arrays
 from tests.native.radix_reference import RefCache
 
 V, H, F, NH, NKV, D = 16, 32, 64, 2, 1, 16
@@ -30,7 +31,7 @@ def tiny_engine(pages: int, block: int = 4, kv: str = "f32", seed: int = 0) -> _
                          "self_attn.v_proj": (NKV * D, H), "self_attn.o_proj": (H, NH * D),
                          "mlp.gate_proj": (F, H), "mlp.up_proj": (F, H), "mlp.down_proj": (H, F)}.items():
         t[f"model.layers.0.{name}.weight"] = w(n, k)
-    eng.load_weights(t, True)
+    upload_arrays(eng, t, True)
     return eng
 
 
