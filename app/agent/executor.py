@@ -113,6 +113,7 @@ def _worker_main(conn, setup) -> None:  # pragma: no cover - runs in the child
     if setup:
         mod, fn_name, kwargs = setup
         getattr(importlib.import_module(mod), fn_name)(**kwargs)
+    conn.send(("ready",))
     while True:
         try:
             msg = conn.recv()
@@ -148,6 +149,10 @@ class ProcessExecutor:
         self._proc.start()
         child.close()
         self._conn = parent
+        # Wait for its start-up (imports, setup) so a call's timeout counts the call alone.
+        if not parent.poll(60) or parent.recv() != ("ready",):
+            self._stop()
+            raise OSError("the tool worker process did not start")
 
     def _stop(self) -> None:
         if self._proc is not None:
@@ -165,10 +170,10 @@ class ProcessExecutor:
         where = _importable(self.kit.tools[name].fn)
         if where is None:
             return _in_thread(self.kit, name, arguments, t0)
-        if self._proc is None or not self._proc.is_alive():
-            self._stop()
-            self._start()
         try:
+            if self._proc is None or not self._proc.is_alive():
+                self._stop()
+                self._start()
             self._conn.send((where[0], where[1], arguments))
             ready = self._conn.poll(self.kit.timeout_s)
             reply = self._conn.recv() if ready else None

@@ -12,6 +12,7 @@ Rows are the tables' columns without `id` and `session_id`; messages carry token
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 from app.config import ConfigError, RunConfig
@@ -150,6 +151,15 @@ def import_dict(store: Store, data, src: str = "<export>") -> str:
     parent = s.get("parent_id")
     if parent and not db.execute("SELECT 1 FROM sessions WHERE id = ?", [parent]).fetchone():
         parent = None  # its source is not in this database
+    try:
+        _insert(store, data, sid, run, parent)
+    except sqlite3.Error as e:  # e.g. two turns with one number: the transaction rolled back
+        raise StoreError(f"{src}: {e}; nothing was imported") from None
+    return sid
+
+
+def _insert(store: Store, data: dict, sid: str, run: RunConfig, parent: str | None) -> None:
+    db, s = store.db, data["session"]
     with store.tx():
         db["sessions"].insert({"id": sid, "created": s["created"], "title": s.get("title") or "",
                                "kind": s.get("kind") or "import", "parent_id": parent, "run_json": run.to_json(),
@@ -167,4 +177,3 @@ def import_dict(store: Store, data, src: str = "<export>") -> str:
                         r["status"] = "incomplete"
             if rows:
                 db[table].insert_all(rows)
-    return sid
