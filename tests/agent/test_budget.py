@@ -66,6 +66,22 @@ def test_budget_is_the_least_of_model_pool_and_cap():
         BudgetPolicy(low_water=1.5)
 
 
+def test_default_pool_holds_the_models_context_or_the_memory_budget(root):
+    from dataclasses import replace
+
+    from app.__main__ import _pool
+    from app.config import EngineSettings
+    from app.engine.loader import read_config, resolve_model_dir
+
+    ctx = read_config(resolve_model_dir(root, "nvfp4")).max_position_embeddings
+    s = replace(EngineSettings(), model=str(root))  # defaults: max_context 0 (the model's), kv_mib 512, f32 KV
+    assert _pool(s) == {"max_context": ctx}  # 8192 tokens x 46,080 B = 360 MiB: under the 512 MiB budget
+    assert _pool(replace(s, kv_mib=100.0)) == {"kv_mib": 100.0}  # the budget is smaller: it wins
+    assert _pool(replace(s, kv="f16", kv_mib=200.0)) == {"max_context": ctx}  # f16 halves it: 180 MiB fits
+    assert _pool(replace(s, max_context=2048, kv_mib=0)) == {"max_context": 2048}
+    assert _pool(s, kv_pages=40) == {"kv_pages": 40}
+
+
 # ---- CanonicalPrompt.trim on real ids ----------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _chat(root):
