@@ -55,9 +55,10 @@ def _int(hf: dict, key: str, path: Path, default: int | None = None, minimum: in
     return v
 
 
-def _pos_float(v: Any, key: str, path: Path) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        raise ModelError(f"{path}: field '{key}' should be a positive finite number, got {v!r}")
+def _pos_float(v: Any, key: str, path: Path, above: float = 0.0, most: float = math.inf) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not above < v <= most:
+        rng = f"a finite number above {above:g}" + (f" and at most {most:g}" if most < math.inf else "")
+        raise ModelError(f"{path}: field '{key}' should be {rng}, got {v!r}")
     return float(v)
 
 
@@ -90,7 +91,8 @@ def _rope_scaling(hf: dict, path: Path) -> dict[str, Any] | None:
     for k in ("factor", "original_max_position_embeddings"):
         if k not in scaling:
             raise ModelError(f"{path}: rope_scaling field '{k}' is missing")
-        _pos_float(scaling[k], f"rope_scaling.{k}", path)
+        if _pos_float(scaling[k], f"rope_scaling.{k}", path) < 1:
+            raise ModelError(f"{path}: rope_scaling field '{k}' should be >= 1, got {scaling[k]!r}")
     low = _pos_float(scaling.get("low_freq_factor", 1.0), "rope_scaling.low_freq_factor", path)
     high = _pos_float(scaling.get("high_freq_factor", 4.0), "rope_scaling.high_freq_factor", path)
     if high <= low:
@@ -136,8 +138,8 @@ def read_hf_config(hf: Any, path: Path) -> HfConfig:
         intermediate_size=_int(hf, "intermediate_size", path),
         num_hidden_layers=_int(hf, "num_hidden_layers", path),
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
-        rope_theta=_pos_float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)), "rope_theta", path),
-        rms_norm_eps=_pos_float(hf.get("rms_norm_eps", 1e-6), "rms_norm_eps", path),
+        rope_theta=_pos_float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)), "rope_theta", path, above=1),
+        rms_norm_eps=_pos_float(hf.get("rms_norm_eps", 1e-6), "rms_norm_eps", path, above=1e-30, most=1),
         max_position_embeddings=_int(hf, "max_position_embeddings", path, default=2048),
         tie_word_embeddings=tied,
         rope_scaling=_rope_scaling(hf, path),

@@ -54,18 +54,23 @@ def check_config_fields(raw: Any, f: Path) -> None:
     for key in _SIZES:
         if key in raw and not (_is_int(raw[key]) and 1 <= raw[key] <= _MAX_DIM):
             raise bad(key, f"an integer in [1, {_MAX_DIM}]")
-    for key in ("head_dim", "max_position_embeddings"):
-        if raw.get(key) is not None and not (_is_int(raw[key]) and 1 <= raw[key] <= _MAX_DIM):
-            raise bad(key, f"an integer in [1, {_MAX_DIM}]")
-    for key in ("rope_theta", "rms_norm_eps"):
-        if key in raw and not _positive_number(raw[key]):
-            raise bad(key, "a positive finite number")
+    if raw.get("head_dim") is not None and not (_is_int(raw["head_dim"]) and 1 <= raw["head_dim"] <= _MAX_DIM):
+        raise bad("head_dim", f"an integer in [1, {_MAX_DIM}]")  # null: hidden_size / heads
+    m = raw.get("max_position_embeddings", 1)
+    if not (_is_int(m) and 1 <= m <= _MAX_DIM):
+        raise bad("max_position_embeddings", f"an integer in [1, {_MAX_DIM}]")
+    if "rope_theta" in raw and not (_positive_number(raw["rope_theta"]) and raw["rope_theta"] > 1):
+        raise bad("rope_theta", "a finite number above 1 (RoPE frequencies theta^(-2i/d))")
+    if "rms_norm_eps" in raw and not (_positive_number(raw["rms_norm_eps"]) and 1e-30 < raw["rms_norm_eps"] <= 1):
+        raise bad("rms_norm_eps", "a number in (1e-30, 1] (it is added in float32)")
     for key in ("tie_word_embeddings", "attention_bias", "qk_norm"):
         if raw.get(key) is not None and not isinstance(raw[key], bool):
             raise bad(key, "true or false")
-    for key in ("model", "chat_format", "chat_template"):
-        if raw.get(key) is not None and not isinstance(raw[key], str):
+    for key in ("model", "chat_format"):
+        if key in raw and not isinstance(raw[key], str):
             raise bad(key, "a string")
+    if raw.get("chat_template") is not None and not isinstance(raw["chat_template"], str):
+        raise bad("chat_template", "a string or null")
     if raw.get("weights") is not None and not (isinstance(raw["weights"], dict)
                                                 and isinstance(raw["weights"].get("format", ""), str)):
         raise bad("weights", "an object with a string 'format'")
@@ -105,8 +110,8 @@ def _check_rope_scaling(rs: Any, f: Path) -> None:
     if kind != "llama3":
         raise EngineError(f"{f}: rope_scaling type {kind!r} is not supported (llama3)")
     for key in ("factor", "original_max_position_embeddings"):
-        if not _positive_number(rs.get(key)):
-            raise EngineError(f"{f}: rope_scaling field '{key}' should be a positive finite number, "
+        if not (_positive_number(rs.get(key)) and rs[key] >= 1):
+            raise EngineError(f"{f}: rope_scaling field '{key}' should be a finite number >= 1, "
                               f"got {rs.get(key)!r}")
     low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
     if not (_positive_number(low) and _positive_number(high) and high > low):
