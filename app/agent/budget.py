@@ -125,6 +125,7 @@ class ContextKeeper:
         self.policy = policy
         self.model_context = engine.config.max_position_embeddings
         self.pinned_tokens = 0  # the static prefix this session pinned (Agent.prewarm sets it)
+        self.trims: list[Trim] = []  # every trim made, oldest first (Trim.describe() says what it did)
 
     def budget(self) -> ContextBudget:
         snap = self.engine.snapshot()
@@ -150,6 +151,7 @@ class ContextKeeper:
                 f"KV pool free to this session {budget.pool_tokens}) even with all {len(history)} older turns dropped")
         untrimmed_computed = len(ids) - check.reusable_tokens
         trim = prompt.trim(plan.drop)  # plan.drop >= 1 here: the request did not fit as it was
+        self.trims.append(trim)
         ids, segs = prompt.request()
         check = detector.check(ids, segs)
         if check.broken:  # the kept history moved: a trim, not a cache killer (segment "history")

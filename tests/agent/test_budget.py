@@ -154,6 +154,8 @@ def test_fifteen_turns_on_a_forty_page_pool_trim_and_never_fail(root, tmp_path):
     breaks = [b for b in events if isinstance(b, PrefixBreak)]
     assert breaks and all(b.cause == "trimmed" and b.segment == "history" for b in breaks)
     assert {b.call for b in breaks} == {c.call for c in trims}
+    assert [t.tokens for t in agent.context.trims] == [c.trimmed_tokens for c in trims]
+    assert all(t.describe().startswith("context trimmed: dropped turn") for t in agent.context.trims)
     with pytest.raises(ContextOverflow):  # the turn in progress alone can be too big: a clear error, no trim
         agent.context.prepare(agent.prompt, agent.detector, reserve=10_000)
 
