@@ -22,8 +22,8 @@ ina3221 and thermal sysfs ABI, NVIDIA's tegra23x-oc-event driver, the Jetson pow
 - CPU: sys/devices/system/cpu/cpu<N>/cpufreq/scaling_cur_freq and scaling_max_freq in kHz, cores
   with online == 0 skipped; load from proc/stat (busy = total - idle - iowait, between two
   reads); RAM from proc/meminfo (MemTotal, MemAvailable in kB).
-- nvpmodel: var/lib/nvpmodel/status ("pmode:0002", written by nvpmodel) and the mode's name from
-  etc/nvpmodel.conf ("< POWER_MODEL ID=2 NAME=15W >").
+- nvpmodel: var/lib/nvpmodel/status ("pmode:0002", written by nvpmodel; read every sample) and
+  the mode's name from etc/nvpmodel.conf ("< POWER_MODEL ID=2 NAME=15W >"; read at open).
 - Over-current / under-voltage events: sys/class/hwmon/hwmon*/name == "soctherm_oc", then
   oc{1,2,3}_event_cnt (cumulative counters; OC1 under-voltage, OC2 average over-current, OC3
   instantaneous over-current).
@@ -96,6 +96,7 @@ class JetsonSysfs:
         self._oc: Path | None = None
         self._prev_stat: tuple[int, int] | None = None
         self._trips: dict[str, float] = {}
+        self._modes: dict[int, str] = {}  # nvpmodel.conf: mode id -> name (read once)
 
     def open(self) -> None:
         r = self.root
@@ -149,6 +150,10 @@ class JetsonSysfs:
                     break
             except OSError:
                 continue
+        try:
+            self._modes = {int(i): n for i, n in _MODE_RE.findall(_read_all(r / "etc/nvpmodel.conf"))}
+        except OSError:
+            self._modes = {}
         if not self._rails and self._gpu is None:
             raise SourceUnavailable(
                 f"not a Jetson: no INA3221 under {r / 'sys/bus/i2c/devices'} and no GPU devfreq "
@@ -273,13 +278,7 @@ class JetsonSysfs:
         if not m:
             return ""
         mode_id = int(m.group(1))
-        try:
-            for mid, name in _MODE_RE.findall(_read_all(self.root / "etc/nvpmodel.conf")):
-                if int(mid) == mode_id:
-                    return f"{name} (id {mode_id})"
-        except OSError:
-            pass
-        return f"id {mode_id}"
+        return f"{self._modes[mode_id]} (id {mode_id})" if mode_id in self._modes else f"id {mode_id}"
 
     def _read_oc(self, notes: list[str]) -> dict:
         out = {}

@@ -35,6 +35,7 @@ def make_source(name: str, trace: str | None = None, sysfs_root: str = "/", inte
 
         return PsutilSource()
     if name == "recorded":
+        trace = trace or os.environ.get("KVDECK_TELEMETRY_TRACE")
         if not trace:
             raise ValueError("source 'recorded' needs a trace file (--trace FILE or KVDECK_TELEMETRY_TRACE)")
         from app.telemetry.recorded import RecordedSource

@@ -90,3 +90,17 @@ def test_panel_reading_does_not_double_count_vdd_in():
     agx.open()
     assert sum(panel_dict(agx.read())["power_w"].values()) == pytest.approx(6.9938, abs=1e-4)
     assert panel_dict(None)["unavailable"] == "telemetry: no reading yet"
+
+
+def test_trace_from_the_environment_is_last_in_the_chain(monkeypatch):
+    from app.telemetry import default_chain, make_source
+
+    monkeypatch.setenv("KVDECK_TELEMETRY_TRACE", str(REPO / "assets/telemetry/h200_nvml_generate.jsonl"))
+    assert default_chain() == ["jtop", "jetson-sysfs", "nvml", "psutil", "recorded"]
+    src = make_source("recorded")
+    src.open()
+    assert src.read().source == "recorded:nvml"
+    monkeypatch.delenv("KVDECK_TELEMETRY_TRACE")
+    assert default_chain()[-1] == "psutil"
+    with pytest.raises(ValueError, match="source 'recorded' needs a trace file"):
+        make_source("recorded")

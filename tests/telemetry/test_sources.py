@@ -245,3 +245,19 @@ def test_sampler_own_cpu_cost_is_under_one_percent_of_a_core_at_1hz():
     print(f"sampler: {per_read_s * 1000:.3f} ms CPU per psutil read -> {at_1hz_pct:.3f}% of one core at 1 Hz")
     assert at_1hz_pct <= 1.0
     assert threading.active_count() >= 1 and not sm.running
+
+
+def test_import_rules_jtop_in_one_module_and_nothing_heavy_on_import():
+    import re
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    users = [p.relative_to(repo).as_posix() for p in (repo / "app").rglob("*.py")
+             if re.search(r"^\s*(import jtop|from jtop\b)", p.read_text(), re.M)]
+    assert users == ["app/telemetry/jtop_source.py"]
+    code = ("import sys, app.telemetry, app.telemetry.cli; "
+            "print(sorted(m for m in ('textual', 'jtop', 'pynvml', 'app.agent', 'app.tui', 'app.engine') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
