@@ -27,6 +27,7 @@ ina3221 and thermal sysfs ABI, NVIDIA's tegra23x-oc-event driver, the Jetson pow
 - Over-current / under-voltage events: sys/class/hwmon/hwmon*/name == "soctherm_oc", then
   oc{1,2,3}_event_cnt (cumulative counters; OC1 under-voltage, OC2 average over-current, OC3
   instantaneous over-current).
+Not read: JetPack 4's iio:device rail_name_* power layout (pre-Orin boards) and debugfs (root only).
 """
 
 from __future__ import annotations

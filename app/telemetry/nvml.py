@@ -58,6 +58,15 @@ class NvmlSource:
             pynvml.nvmlShutdown()
             raise SourceUnavailable("the driver reports no GPU")
         self._nv = pynvml
+        # Clock event reasons: the current name, or the deprecated one on drivers without it.
+        self._reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        new = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if new is not None:
+            try:
+                new(self._handles[0])
+                self._reasons_fn = new
+            except Exception:
+                pass
         self._max_clock = {}
         for i, h in enumerate(self._handles):
             try:
@@ -90,8 +99,7 @@ class NvmlSource:
         t_mono, t_wall = time.monotonic(), time.time()
         notes: list[str] = []
         temps, rails, clocks, caps, load, mem, throttle = {}, {}, {}, {}, {}, {}, {}
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons_fn = self._reasons_fn
         for i, h in enumerate(self._handles):
             g = f"gpu{i}"
             t = self._call(f"{g} temperature", notes, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
@@ -112,7 +120,7 @@ class NvmlSource:
             if mi is not None:
                 mem[f"{g}_used"] = round(mi.used / 2**20, 1)
                 mem[f"{g}_total"] = round(mi.total / 2**20, 1)
-            r = self._call(f"{g} clock event reasons", notes, reasons_fn, h)
+            r = self._call(f"{g} clock event reasons", notes, reasons_fn, h) if reasons_fn else None
             if r is not None:
                 for name, bit in THROTTLE_BITS.items():
                     throttle[f"{g}:{name}"] = bool(r & bit)

@@ -20,7 +20,8 @@ from app.telemetry.sources import make_source, open_first
 # ---------------------------------------------------------------------------------------------
 
 
-def fake_pynvml(init_error: str | None = None, power_supported: bool = True, reasons: int = 0x21):
+def fake_pynvml(init_error: str | None = None, power_supported: bool = True, reasons: int = 0x21,
+                old_driver: bool = False):
     nv = types.ModuleType("pynvml")
 
     class NVMLError(Exception):
@@ -48,7 +49,13 @@ def fake_pynvml(init_error: str | None = None, power_supported: bool = True, rea
     nv.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980 if kind == 1 else 0
     nv.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=97, memory=40)
     nv.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(used=3 * 2**30, total=141 * 2**30, free=138 * 2**30)
-    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: reasons
+    def event_reasons(h):
+        if old_driver:
+            raise NVMLError("Function Not Found")
+        return reasons
+
+    nv.nvmlDeviceGetCurrentClocksEventReasons = event_reasons
+    nv.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: reasons  # deprecated name, same mask
     return nv
 
 
@@ -105,6 +112,15 @@ def test_nvml_reads_through_its_api_in_its_units(monkeypatch):
     assert "ram_total" in s.mem_mb  # the host's RAM comes from psutil alongside
     src.close()
     assert sys.modules["pynvml"].calls == ["shutdown"]
+
+
+def test_nvml_old_driver_uses_the_deprecated_throttle_reasons(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(old_driver=True, reasons=0x44))
+    src = NvmlSource()
+    src.open()
+    s = src.read()
+    assert s.throttle["gpu0:sw_power_cap"] and s.throttle["gpu0:hw_thermal"] and not s.throttle["gpu0:sw_thermal"]
+    assert not any("reasons" in n for n in s.notes)
 
 
 def test_nvml_unsupported_call_is_noted_once_and_left_out(monkeypatch):
