@@ -1,0 +1,129 @@
+"""The store with the real engine and agent (default model, short generations): kill -9 in the
+middle of a turn, and a replay that reproduces a recorded session's ledger and answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from app.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path) -> dict:
+    return os.environ | {"KVDECK_CONFIG": str(tmp_path / "none.toml"), "KVDECK_WORKSPACE": str(tmp_path / "ws"),
+                         "PYTHONPATH": str(ROOT)}
+
+
+def _turns(db: Path) -> list[tuple[int, str]]:
+    try:
+        with sqlite3.connect(db, timeout=5) as c:
+            return c.execute("SELECT turn, status FROM turns ORDER BY turn").fetchall()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+def _wait(pred, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t0 < timeout, "timed out waiting"
+        time.sleep(0.01)
+
+
+def test_kill_9_mid_turn_keeps_the_completed_turns_and_marks_the_interrupted_one(root, tmp_path):
+    db = tmp_path / "k.db"
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "app", "chat", "--db", str(db), "--no-prewarm", "--no-tools", "--max-tokens", "6",
+         "--threads", "1", "--tool-choice", "none"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path, env=_env(tmp_path),
+        text=True)
+    try:
+        chat.stdin.write("Hello there.\n")
+        chat.stdin.flush()
+        _wait(lambda: _turns(db) == [(1, "complete")])
+        chat.stdin.write("Please summarise the maintenance checklist for the cabinet fans. " * 12 + "\n")
+        chat.stdin.flush()
+        _wait(lambda: (2, "running") in _turns(db))  # turn 2 is computing its long prompt
+        chat.send_signal(signal.SIGKILL)
+        assert chat.wait(10) == -signal.SIGKILL
+    finally:
+        chat.kill()
+    store = Store.open(db)  # opens (WAL recovery), marks the interrupted turn
+    (sid,) = [r["id"] for r in store.list_sessions()]
+    d = store.session(sid)
+    assert [(t["turn"], t["status"]) for t in d["turns"]] == [(1, "complete"), (2, "incomplete")]
+    assert "interrupted" in d["turns"][1]["error"]
+    assert [(m["turn"], m["role"]) for m in d["messages"]] == [(0, "system"), (0, "tools"), (1, "user"), (1, "assistant")]
+    assert [(c["turn"], c["call"]) for c in d["engine_calls"]] == [(1, 1)]
+    assert d["turns"][0]["answer"] is not None and d["session"]["status"] == "closed"
+    assert [m[0] for m in store.conversation(sid)] == [0, 0, 1, 1]  # what --resume would rebuild
+
+
+def _main(argv, capsys) -> tuple[int, str]:
+    from app.__main__ import main
+
+    capsys.readouterr()
+    rc = main(argv)
+    return rc, capsys.readouterr().out
+
+
+def _record(root, db: str) -> str:
+    """A two-turn session with one tool, recorded by the real agent (short generations)."""
+    import tools
+
+    from app.chat import make_agent, start
+    from app.config import RunConfig
+    from app.engine import SamplingParams, load_engine
+    from app.store import StoreWriter, new_id
+
+    eng = load_engine(root, weights="nvfp4", threads=1)
+    limits = RunConfig(max_steps=2, max_tokens=8, call_max_tokens=24, follow_up="none")
+    sid, writer = new_id(), StoreWriter(db, kind="test")
+    agent = make_agent(eng, lambda a, names: ([tools.now], None), sampling=SamplingParams(), session_id=sid,
+                       run=limits)
+    start(agent, writer, prewarm=True, title="tiny")
+    for text, choice in (("What time is it on the device?", "now"), ("Thanks. Say it again in words.", "none")):
+        for ev in agent.run_turn(text, choice):
+            writer(ev)
+    agent.close()
+    writer.end_session(sid)
+    writer.close()
+    assert not writer.errors and len(writer.turn_ms) == 2
+    return sid
+
+
+def test_replay_reproduces_the_recorded_ledger_and_answers(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVDECK_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("KVDECK_WORKSPACE", str(tmp_path / "ws"))
+    db = str(tmp_path / "k.db")
+    src = _record(root, db)
+    store = Store.open(db)
+    recorded = store.rows("engine_calls", src)
+    assert [c["kind"] for c in recorded] == ["prewarm", "generate", "generate", "generate"]
+    assert store.run_config(src).tools == ("now",) and store.run_config(src).threads == 1
+    rc, out = _main(["replay", src[:6], "--rerun", "--json", "--db", db], capsys)
+    assert rc == 0
+    cmp = json.loads(out)
+    key = lambda c: (c["turn"], c["call"], c["kind"], c["prompt_tokens"], c["cached_tokens"], c["computed_tokens"])  # noqa: E731
+    assert [key(c) for c in cmp["replay_calls"]] == [key(c) for c in recorded]
+    assert cmp["identical_answers"] and cmp["replay"]["answers"] == [t["answer"] for t in store.rows("turns", src)]
+    assert cmp["tool_mismatches"] == []
+    rep = cmp["replay_id"]
+    assert store.db["sessions"].get(rep)["parent_id"] == src
+    assert [r["outcome"] for r in store.rows("tool_results", rep)] == ["replayed"]
+
+    rc, out = _main(["replay", src, "--with", "cache=off,prewarm=off", "--json", "--db", db], capsys)
+    cmp = json.loads(out)
+    calls = cmp["replay_calls"]
+    assert [c["kind"] for c in calls] == ["generate"] * 3
+    assert all(c["cached_tokens"] == 0 and c["computed_tokens"] == c["prompt_tokens"] for c in calls)
+    assert [c["prompt_tokens"] for c in calls] == [c["prompt_tokens"] for c in recorded[1:]]
+    assert cmp["identical_answers"], (cmp["source"]["answers"], cmp["replay"]["answers"])
+    assert cmp["replay"]["computed_tokens"] > cmp["source"]["computed_tokens"]
