@@ -7,6 +7,8 @@ import functools
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.agent.budget import BudgetPolicy, ContextOverflow, context_budget, plan_trim
 from app.agent.prompt import CanonicalPrompt, TurnSpan
@@ -54,6 +56,25 @@ def test_a_large_reply_reserve_drops_past_the_mark():
     hist = spans(100, [40] * 5)
     plan = plan_trim(100 + 200 + 20, hist, reserve=200, budget=400, low_water=0.6)
     assert plan.kept_tokens + 200 <= 400 and plan.fits  # under the mark is not enough: the reply must fit
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 400), st.lists(st.integers(1, 120), max_size=30), st.integers(1, 400),
+       st.integers(0, 200), st.integers(200, 4000), st.floats(0.1, 0.95))
+def test_trim_plan_is_the_fewest_oldest_turns_that_reach_the_mark(static, sizes, current, reserve, budget, low):
+    hist = spans(static, sizes)
+    prompt = static + sum(sizes) + current
+    plan = plan_trim(prompt, hist, reserve, budget, low)
+    if prompt + reserve <= budget:
+        assert plan is None
+        return
+    assert plan.dropped_tokens == sum(sizes[: plan.drop]) and plan.kept_tokens == prompt - plan.dropped_tokens
+    assert plan.kept_tokens >= static + current  # the static prefix and the turn in progress stay
+    done = lambda kept: kept <= plan.target_tokens and kept + reserve <= budget  # noqa: E731
+    assert plan.fits == (plan.kept_tokens + reserve <= budget)
+    assert done(plan.kept_tokens) or plan.drop == len(sizes)  # reached the mark, or nothing left to drop
+    if plan.drop:  # and not one turn more than needed
+        assert not done(plan.kept_tokens + sizes[plan.drop - 1])
 
 
 def test_budget_is_the_least_of_model_pool_and_cap():
