@@ -184,3 +184,26 @@ def test_check_prefix_gate(eng, ws):
     report = run_task(agent, short)
     ok, verdict = gate_passes(report, 0.8, "engine")
     assert not ok and "segment 'system'" in verdict, verdict
+
+
+def test_prewarm_is_an_engine_call_of_its_own_in_the_report(eng, ws):
+    """The pre-warm is call 0 (kind prewarm) of the ledger; check-prefix prints reuse with it and without it."""
+    import tools
+
+    from app.agent.tasks import Step, Task, format_report, run_task
+
+    agent = Agent(eng, Toolkit([tools.now, tools.calculate]), limits=AgentLimits(max_steps=1, max_tokens=4),
+                  session_id="feedface0001")
+    eng.clear_cache()
+    task = Task("two", (Step("Hello.", "none"), Step("And now?", "none")))
+    report = run_task(agent, task, prewarm=True)
+    warm, first = report.calls[0], report.calls[1]
+    static = agent.prompt.segments[1].end
+    assert (warm.turn, warm.call, warm.stats.kind, warm.tool_choice) == (0, 0, "prewarm", "prewarm")
+    assert warm.stats.prompt_tokens == static and warm.stats.cached_tokens == 0 and warm.stats.computed_tokens == static
+    assert warm.session_id == "feedface0001" and first.stats.cached_tokens >= static // 16 * 16
+    assert report.reuse < report.steady_reuse  # the pre-warm's computed tokens count against the total
+    lines = "\n".join(format_report(task, report, 0.8, "engine"))
+    assert f"engine reuse {report.reuse:.1%} including the pre-warm (call 0: {static} tokens computed)" in lines
+    assert f"steady state (the turns' calls only, the pre-warmed prefix counted as cached): engine reuse {report.steady_reuse:.1%}" in lines
+    agent.close()
