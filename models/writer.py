@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -215,17 +214,9 @@ def read_folder_config(folder: str | Path) -> dict[str, Any]:
     for f in ("model.safetensors", "tokenizer.json"):
         if not (folder / f).is_file():
             raise ModelError(f"{folder / f}: missing (the model folder is incomplete)")
-    st = folder / "model.safetensors"
-    size = st.stat().st_size
-    try:
-        with open(st, "rb") as fh:
-            (hlen,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(hlen))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except Exception as e:  # noqa: BLE001 - any parse failure is a damaged file
-        raise ModelError(f"{st}: corrupted safetensors header ({e.__class__.__name__}: {e})") from None
-    if size < 8 + hlen + end:
-        raise ModelError(f"{st}: truncated: expected at least {8 + hlen + end} bytes, found {size}")
+    from .safetensors_check import parse_header
+
+    parse_header(folder / "model.safetensors")  # offsets, overlap, sizes: ModelError naming the tensor
     return cfg
 
 
