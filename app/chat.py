@@ -234,7 +234,8 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
     if args.resume:
         store = Store.open(db_path(args))
         sid = store.resolve(args.resume)
-        resume = (store.run_config(sid), store.conversation(sid))
+        calls = store.db.execute("SELECT coalesce(max(call), 0) FROM engine_calls WHERE session_id = ?", [sid]).fetchone()[0]
+        resume = (store.run_config(sid), store.conversation(sid), calls)
         store.close()
         eng = engine_for(resume[0])  # as the session ran (weights, KV, pool)
     else:
@@ -250,7 +251,7 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
 
     agent = new_agent(sid)
     if resume:
-        agent.restore(resume[1])
+        agent.restore(resume[1], resume[2])
     start(agent, writer, prewarm=not args.no_prewarm, title="chat", model=args.model_name)
     where = f"stored as session {sid[:7]} in {writer.path}" if writer else "not stored"
     print(f"kvdeck chat — {eng.config.model} ({eng.weight_format} weights, {eng.kv_format} KV, {eng.backend}); "

@@ -161,8 +161,9 @@ class Agent:
         self.detector.record(static, self.prompt.segments[:2], [], "stop")
         return out
 
-    def restore(self, messages: list[tuple[int, str, str, tuple[int, ...]]]) -> None:
-        """Continue a stored conversation: (turn, role, content, ids) in order, turn 0 = system, tools.
+    def restore(self, messages: list[tuple[int, str, str, tuple[int, ...]]], calls: int = 0) -> None:
+        """Continue a stored conversation: (turn, role, content, ids) in order, turn 0 = system, tools;
+        `calls` = the engine calls it made (the next call is numbered after them).
 
         The stored static prefix must equal this agent's (same system prompt and tools), else ValueError.
         """
@@ -173,6 +174,7 @@ class Agent:
             raise ValueError("the stored session's system prompt or tool set differs from this agent's "
                              "(tools folder or system prompt changed since it was recorded)")
         self._static_sent = True
+        self.call_index = max(self.call_index, calls)
         for turn, role, _content, ids in messages:
             if turn > 0:
                 self.prompt._append(role, list(ids), turn)
