@@ -1,0 +1,160 @@
+// bench_attention.cu — paged decode attention: validation against a float64 softmax over the
+// rows as the CPU codecs decode them, and timing at 4K / 16K / 32K context (Llama-3-8B:
+// 32 query heads, 8 KV heads, D = 128, pages of 16 tokens, page table shuffled).
+#include "bench_common.h"
+#include "kernels_cuda.h"
+#include "kvdeck/formats.h"
+#include "kvdeck/ops_cpu.h"
+
+namespace bench {
+
+namespace kc = kvdeck::cuda;
+
+namespace {
+
+struct AttnCase {
+  int n_heads, n_kv, D, ctx, max_ctx;
+  kc::KvFormat fmt;
+  bool time;
+};
+
+size_t row_bytes(kc::KvFormat f, int D) { return f == kc::KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16; }
+
+// Encode one row of D floats in the pool format (the CPU's codecs).
+void encode_row(kc::KvFormat f, const float* x, int D, uint8_t* row) {
+  if (f == kc::KvFormat::F16) {
+    auto* h = reinterpret_cast<uint16_t*>(row);
+    for (int i = 0; i < D; ++i) h[i] = kvdeck::f32_to_f16(x[i]);
+  } else {
+    kvdeck::cpu::kv_nvfp4_encode_row(x, D, row);
+  }
+}
+
+void decode_row(kc::KvFormat f, const uint8_t* row, int D, float* x) {
+  if (f == kc::KvFormat::F16) {
+    const auto* h = reinterpret_cast<const uint16_t*>(row);
+    for (int i = 0; i < D; ++i) x[i] = kvdeck::f16_to_f32(h[i]);
+  } else {
+    kvdeck::cpu::kv_nvfp4_decode_row(row, D, x);
+  }
+}
+
+void run_case(Options& o, const AttnCase& c) {
+  const int B = 16, n_pages = (c.ctx + B - 1) / B, G = c.n_heads / c.n_kv;
+  const size_t row = row_bytes(c.fmt, c.D);
+  const size_t layer_bytes = size_t(n_pages) * B * c.n_kv * row;  // K or V of one layer
+  const char* fname = c.fmt == kc::KvFormat::F16 ? "f16" : "nvfp4";
+  Rng rng(1000 + c.ctx * 3 + int(c.fmt) + c.D);
+
+  // page table: a shuffled permutation of the pool's pages
+  std::vector<int32_t> pages(n_pages);
+  for (int i = 0; i < n_pages; ++i) pages[i] = i;
+  for (int i = n_pages - 1; i > 0; --i) std::swap(pages[i], pages[rng.next() % uint64_t(i + 1)]);
+  // K, V pools (host), filled token by token through the page table
+  std::vector<uint8_t> hk(layer_bytes, 0), hv(layer_bytes, 0);
+  std::vector<float> xk(c.D), xv(c.D);
+  for (int t = 0; t < c.ctx; ++t)
+    for (int g = 0; g < c.n_kv; ++g) {
+      for (int i = 0; i < c.D; ++i) xk[i] = 4.0f * rng.uniform() - 2.0f, xv[i] = 4.0f * rng.uniform() - 2.0f;
+      const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row;
+      encode_row(c.fmt, xk.data(), c.D, &hk[off]);
+      encode_row(c.fmt, xv.data(), c.D, &hv[off]);
+    }
+  std::vector<float> q(size_t(c.n_heads) * c.D);
+  for (auto& v : q) v = rng.normal();
+  const float scale = 1.0f / std::sqrt(float(c.D));
+
+  // float64 reference over the decoded rows
+  std::vector<double> ref(q.size(), 0.0);
+  {
+    std::vector<float> kd(size_t(c.ctx) * c.D), vd(size_t(c.ctx) * c.D);
+    std::vector<double> s(c.ctx);
+    for (int g = 0; g < c.n_kv; ++g) {
+      for (int t = 0; t < c.ctx; ++t) {
+        const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row;
+        decode_row(c.fmt, &hk[off], c.D, &kd[size_t(t) * c.D]);
+        decode_row(c.fmt, &hv[off], c.D, &vd[size_t(t) * c.D]);
+      }
+      for (int j = 0; j < G; ++j) {
+        const int h = g * G + j;
+        double mx = -1e300, sum = 0;
+        for (int t = 0; t < c.ctx; ++t) {
+          double a = 0;
+          for (int i = 0; i < c.D; ++i) a += double(q[size_t(h) * c.D + i]) * kd[size_t(t) * c.D + i];
+          s[t] = a * scale;
+          mx = std::max(mx, s[t]);
+        }
+        for (int t = 0; t < c.ctx; ++t) sum += (s[t] = std::exp(s[t] - mx));
+        for (int t = 0; t < c.ctx; ++t)
+          for (int i = 0; i < c.D; ++i) ref[size_t(h) * c.D + i] += s[t] / sum * vd[size_t(t) * c.D + i];
+      }
+    }
+  }
+
+  // device: `layers` copies of the layer so that timing rotates past L2
+  const int layers = c.time ? copies_for(o, 2.0 * layer_bytes) : 1;
+  std::vector<uint8_t*> dk(layers), dv(layers);
+  for (int l = 0; l < layers; ++l) {
+    dk[l] = dalloc<uint8_t>(layer_bytes);
+    dv[l] = dalloc<uint8_t>(layer_bytes);
+    CK(cudaMemcpy(dk[l], hk.data(), layer_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv[l], hv.data(), layer_bytes, cudaMemcpyHostToDevice));
+  }
+  int32_t* dpages = dupload(pages);
+  const std::vector<int32_t> ctxv = {c.ctx};
+  int32_t* dctx = dupload(ctxv);
+  float* dq = dupload(q);
+  float* dout = dalloc<float>(q.size());
+  float* dws = dalloc<float>(kc::attn_workspace_floats(c.n_heads, c.max_ctx, c.D));
+  auto kv_of = [&](int l) {
+    kc::PagedKv kv;
+    kv.k = dk[l], kv.v = dv[l], kv.pages = dpages, kv.format = c.fmt, kv.block = B;
+    kv.n_kv = c.n_kv, kv.D = c.D;
+    return kv;
+  };
+
+  CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison
+  CK(kc::attention_decode(kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
+  CK(cudaDeviceSynchronize());
+  const auto out = ddownload(dout, q.size());
+  const ErrStats e = compare(out.data(), ref.data(), out.size());
+  char sh[96];
+  std::snprintf(sh, sizeof sh, "ctx=%d/%d h=%d/%d D=%d", c.ctx, c.max_ctx, c.n_heads, c.n_kv, c.D);
+  add_validation(std::string("attn_") + fname + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, 1e-4);
+
+  if (c.time) {
+    const double bytes = 2.0 * double(c.ctx) * c.n_kv * row + 2.0 * q.size() * 4 + n_pages * 4.0;
+    const double us = time_us(o, layers, [&](int l, cudaStream_t st) {
+      kc::attention_decode(kv_of(l), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, st);
+    });
+    char tsh[64];
+    std::snprintf(tsh, sizeof tsh, "ctx=%d", c.ctx);
+    add_timing(o, std::string("attn_") + fname, tsh, us, bytes);
+  }
+  for (int l = 0; l < layers; ++l) {
+    CK(cudaFree(dk[l]));
+    CK(cudaFree(dv[l]));
+  }
+  CK(cudaFree(dpages));
+  CK(cudaFree(dctx));
+  CK(cudaFree(dq));
+  CK(cudaFree(dout));
+  CK(cudaFree(dws));
+}
+
+}  // namespace
+
+void bench_attention(Options& o) {
+  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
+    // short and ragged contexts, a grid sized for more than ctx, SmolLM2's 9/3 heads at D=64
+    run_case(o, {32, 8, 128, 1, 1, f, false});
+    run_case(o, {32, 8, 128, 17, 17, f, false});
+    run_case(o, {32, 8, 128, 300, 4096, f, false});
+    run_case(o, {9, 3, 64, 1000, 1000, f, false});
+    run_case(o, {32, 8, 128, 9000, 9000, f, false});
+    if (o.quick) continue;
+    for (int ctx : {4096, 16384, 32768}) run_case(o, {32, 8, 128, ctx, ctx, f, true});
+  }
+}
+
+}  // namespace bench

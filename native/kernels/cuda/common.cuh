@@ -1,0 +1,85 @@
+// common.cuh — device helpers shared by kvdeck's CUDA kernels (byte permutes, format decode).
+#pragma once
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace kvdeck::cuda::detail {
+
+// prmt.b32 in its generic mode. Selector nibbles must have bit 3 clear (bit 3 would select
+// sign replication); only the low 16 bits of s are read.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+}
+
+// 8 four-bit codes q (element i in bits [4i, 4i+4)) through a signed 16-entry byte table
+// given as its positive half (pos0: entries 0-3, pos1: 4-7) and negative half (neg0, neg1:
+// entries 8-15, i.e. the codes with bit 3 set). lo gets elements 0-3, hi elements 4-7, one
+// byte each, in element order. 11 integer ops for 8 codes.
+__device__ __forceinline__ void lut16x8(uint32_t q, uint32_t pos0, uint32_t pos1, uint32_t neg0,
+                                        uint32_t neg1, uint32_t& lo, uint32_t& hi) {
+  const uint32_t m = q & 0x77777777u;                           // low 3 bits: table index
+  const uint32_t s = ((q >> 1) & 0x44444444u) | 0x32103210u;    // byte n, or n+4 if bit 3
+  lo = prmt(prmt(pos0, pos1, m), prmt(neg0, neg1, m), s);
+  hi = prmt(prmt(pos0, pos1, m >> 16), prmt(neg0, neg1, m >> 16), s >> 16);
+}
+
+// E2M1 -> 2*e2m1 as int8: {0,1,2,3,4,6,8,12} and negatives (the CPU's kE2m1x2).
+constexpr uint32_t kE2m1x2Pos0 = 0x03020100u, kE2m1x2Pos1 = 0x0C080604u;
+constexpr uint32_t kE2m1x2Neg0 = 0xFDFEFF00u, kE2m1x2Neg1 = 0xF4F8FAFCu;
+// E2M1 -> the high byte of its f16 (the low byte is 0 for every E2M1 value).
+constexpr uint32_t kE2m1HiPos0 = 0x3E3C3800u, kE2m1HiPos1 = 0x46444240u;
+constexpr uint32_t kE2m1HiNeg0 = 0xBEBCB880u, kE2m1HiNeg1 = 0xC6C4C2C0u;
+
+__device__ __forceinline__ void e2m1x8_to_i8x2(uint32_t q, uint32_t& lo, uint32_t& hi) {
+  lut16x8(q, kE2m1x2Pos0, kE2m1x2Pos1, kE2m1x2Neg0, kE2m1x2Neg1, lo, hi);
+}
+
+// 8 E2M1 codes -> 4 half2 (elements 0..7 in order, exact).
+__device__ __forceinline__ void e2m1x8_to_half2x4(uint32_t q, uint32_t h[4]) {
+  uint32_t a, b;
+  lut16x8(q, kE2m1HiPos0, kE2m1HiPos1, kE2m1HiNeg0, kE2m1HiNeg1, a, b);
+  h[0] = prmt(a, 0u, 0x1404u);  // [0, a0, 0, a1]: f16 of elements 0, 1
+  h[1] = prmt(a, 0u, 0x3424u);
+  h[2] = prmt(b, 0u, 0x1404u);
+  h[3] = prmt(b, 0u, 0x3424u);
+}
+
+// Two E4M3 bytes (b0 in bits 0-7, b1 in bits 8-15) -> float2 of their values / 256: the
+// E4M3 bits placed in an f16 (sign to bit 15, exponent and mantissa shifted by 7) decode to
+// value * 2^-8 for normal and subnormal codes alike. 0x7F decodes as 480 / 256 (finite).
+__device__ __forceinline__ float2 e4m3x2_to_float2_div256(uint32_t b01) {
+  const uint32_t w = prmt(b01, 0u, 0x4140u);                 // [b0, 0, b1, 0]
+  const uint32_t h = ((w & 0x007F007Fu) << 7) | ((w & 0x00800080u) << 8);
+  __half2 hv;
+  memcpy(&hv, &h, 4);
+  return __half22float2(hv);
+}
+
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+  const uint16_t h = uint16_t(((b & 0x7Fu) << 7) | ((b & 0x80u) << 8));
+  return __half2float(__ushort_as_half(h)) * 256.0f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+}  // namespace kvdeck::cuda::detail

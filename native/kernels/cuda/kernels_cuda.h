@@ -1,0 +1,124 @@
+// kernels_cuda.h — kvdeck's CUDA kernels: contracts and shapes (sm_87 Orin, sm_90 Hopper).
+//
+// Owner: native/kernels/cuda/. Stateless host launchers over caller-owned device memory;
+// every launcher only enqueues work on `stream` (no allocation, no sync) and returns the
+// launch status (cudaSuccess, or cudaErrorInvalidValue for a shape it does not support,
+// checked before anything is enqueued). Layouts are those of kvdeck/formats.h (weights)
+// and kvdeck/kv_pool.h (KV pages); the CPU kernels (native/kernels/cpu) are the oracle.
+//
+// Validation and timing: native/kernels/cuda/bench (gpu_bench.cu, run_bench.py);
+// tests/cuda/test_kernels_cuda.py runs the validation on a GPU.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace kvdeck::cuda {
+
+// =====================================================================================
+// Activations quantised per 32-block to int8 (the CPU's quantize_act_q8, kernels.h ActQ8)
+// =====================================================================================
+//   amax = max|x| over the block; d = amax / 127; q = rint(x * (127 / amax)), clamped to
+//   ±127 (all 0 and d = 0 if amax == 0); s = sum of the block's q. Rows are zero-padded from
+//   K to Kp. Bit-identical to the CPU's scalar quantize_act_q8.
+//   x: f32 [M, K] (row stride K);  q: int8 [M, Kp];  d: f32 [M, Kp/32];  s: int32 [M, Kp/32]
+//   Kp = round_up(K, 32). Any M >= 1.
+cudaError_t quantize_act_q8(const float* x, int M, int K, int Kp, int8_t* q, float* d, int32_t* s,
+                            cudaStream_t stream);
+
+// f32 -> f16 rows, zero-padded from K to Kp (the activations of the FP16 GEMV variant).
+//   x: f32 [M, K];  h: f16 bits [M, Kp]
+cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, cudaStream_t stream);
+
+// =====================================================================================
+// GEMV / skinny GEMM, batch M in [1, 8]: y[m, n] = sum_k x[m, k] * W[n, k]
+// =====================================================================================
+// Weight rows are read once for all M activation rows (memory-bound: the weight bytes are
+// the cost). y: f32 [M, N], row stride ldy >= N. Kp = round_up(K, 32) (a multiple of 32).
+
+// NVFP4, integer path: E2M1 codes mapped by a 16-entry byte-permute lookup to 2*e2m1 in int8,
+// __dp4a against the int8 activations, exact int32 per 16-block, then
+//   y = tscale * sum_b d_a(b/2) * (e4m3(s_b) / 2) * isum_b          (the CPU's gemm_nvfp4)
+//   codes: u8 [N, Kp/2] (element 2i low nibble); scales: u8 E4M3 [N, Kp/16]; tscale: f32
+//   xq, xd: quantize_act_q8's q [M, Kp] and d [M, Kp/32]
+// E4M3 scales are decoded as finite (0x7F/0xFF, NaN in E4M3, never written by the
+// quantiser, decode as 480).
+cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
+                            const int8_t* xq, const float* xd, int M, float* y, int ldy,
+                            cudaStream_t stream);
+
+// NVFP4, floating path (the measured alternative): codes mapped by the same byte-permute
+// lookup to f16, half2 FMA against f16 activations within a 16-block (a 16-term f16 sum),
+// then f32 accumulation of block sums times e4m3(s_b), times tscale.
+//   xh: f16 bits [M, Kp] from convert_act_f16. Other arguments as gemv_nvfp4_dp4a.
+cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
+                           const uint16_t* xh, int M, float* y, int ldy, cudaStream_t stream);
+
+// W4A8: offset-binary int4 codes (nibble = q + 8), __dp4a against int8 activations,
+//   y = sum_b d_a(b) * f16(scale[b*32/group]) * (isum_b - 8 * s_a(b))  (the CPU's gemm_w4a8)
+//   codes: u8 [N, Kp/2]; scales: f16 bits [N, Kp/group]; group: a multiple of 32 dividing Kp
+//   (row-wise is group = Kp); other groups -> cudaErrorInvalidValue.
+//   xq, xd, xs: quantize_act_q8's q, d, s.
+cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, int N, int Kp,
+                      const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
+                      cudaStream_t stream);
+
+// =====================================================================================
+// Paged decode attention (one query token per sequence, GQA)
+// =====================================================================================
+// KV of one layer as kv_pool.h stores it: K and V [n_pages, block, n_kv, row], where row is
+// one head's D values: F16: f16 [D]; NVFP4: u8 codes [D/2] then u8 E4M3 scales [D/16]
+// (tensor scale 1). Token t of the sequence lives in page pages[t / block], slot t % block.
+enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2 };  // the values of kvdeck::KvDType
+
+struct PagedKv {
+  const void* k = nullptr;          // device: [n_pages, block, n_kv, row]
+  const void* v = nullptr;
+  const int32_t* pages = nullptr;   // device: [ceil(ctx / block)]
+  KvFormat format = KvFormat::F16;
+  int block = 16, n_kv = 8, D = 128;
+};
+
+// Tokens per split of the sequence, fixed by max_ctx at launch (CUDA-graph friendly): 64 below
+// 8K, 128 below 16K, else 256 (the CPU's attention segment, ops_cpu.h kAttnSegment).
+inline int attn_split_tokens(int max_ctx) { return max_ctx >= 16384 ? 256 : max_ctx >= 8192 ? 128 : 64; }
+inline int attn_splits(int max_ctx) {
+  const int sp = attn_split_tokens(max_ctx);
+  return (max_ctx + sp - 1) / sp;
+}
+// f32 workspace the decode needs: [n_heads, splits, D + 2] (partial o, m, l per split).
+inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
+  return size_t(n_heads) * attn_splits(max_ctx) * (D + 2);
+}
+
+// out[h] = softmax_t(scale * q[h] . k_t) . v_t over t in [0, ctx), for head h of KV head
+// h / (n_heads / n_kv). Split over the sequence: one block per (KV head, split)
+// (attn_split_tokens) computes every query head of its group with an online softmax, dequantising NVFP4 rows in
+// registers; a second kernel combines the splits (in order, as attention_combine).
+//   q: f32 [n_heads, D] (roped);  out: f32 [n_heads, D];  ctx >= 1 (a device int so that a
+//   CUDA graph can replay it: ctx_dev[0]); max_ctx bounds ctx and sizes the grid and
+//   workspace (attn_workspace_floats(n_heads, max_ctx, D) floats).
+//   Supported: D in {64, 128}, block a multiple of 16, n_heads / n_kv in [1, 8]
+//   (Llama-3-8B 32/8, SmolLM2-135M 9/3).
+cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                             int max_ctx, float scale, float* workspace, float* out,
+                             cudaStream_t stream);
+
+// =====================================================================================
+// Row-wise elementwise ops (f32)
+// =====================================================================================
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:]     x, y: [rows, n]; w: [n]
+cudaError_t rmsnorm(const float* x, const float* w, int rows, int n, float eps, float* y,
+                    cudaStream_t stream);
+// Rotate-half RoPE in place (the CPU backend's rope): row r of x (row stride ld floats)
+// holds n_heads heads of D values at position pos[r] (device ints); for i < D/2, with
+// a = float(pos[r]) * inv_freq[i] in f32 (as HF) and c, s = cos a, sin a:
+//   (x_i, x_{i+D/2}) <- (x_i c - x_{i+D/2} s, x_{i+D/2} c + x_i s)        inv_freq: f32 [D/2]
+cudaError_t rope(float* x, int rows, int n_heads, int D, int ld, const int32_t* pos,
+                 const float* inv_freq, cudaStream_t stream);
+// y[r, i] = silu(a[r, i]) * b[r, i] for i < n; a, b row stride ld_ab (a fused gate|up matmul:
+// b = a + n, ld_ab = 2n); y: [rows, n] packed.
+cudaError_t silu_mul(const float* a, const float* b, int rows, int n, int ld_ab, float* y,
+                     cudaStream_t stream);
+
+}  // namespace kvdeck::cuda
