@@ -46,14 +46,20 @@ class KvdeckApp(App):
 
     def __init__(self, builder: Builder | None = None, options: ConsoleOptions = ConsoleOptions(), *,
                  state: ConsoleState | None = None, sampler: Callable[[], dict] | None = psutil_sample,
-                 store=None, theme: str | None = None, telemetry_s: float = 1.0) -> None:
+                 store=None, theme: str | None = None, telemetry_s: float = 1.0, telemetry=None,
+                 history: list | None = None) -> None:
         super().__init__()
         self.builder = builder
         self.options = options
         self.state = state or ConsoleState()
-        self.sampler = sampler
+        # `telemetry`: an app.telemetry Sampler (duck-typed) passed by the composition root; its
+        # latest reading feeds the power panel and it measures each engine call's energy.
+        self.telemetry_source = telemetry
+        self.sampler = (lambda: telemetry.history.latest()) if telemetry is not None else sampler
         self.store = store
         self.telemetry = new_history()
+        for s in history or ():  # recorded readings (a recorded session's sparklines)
+            record(self.telemetry, s)
         self.telemetry_s = telemetry_s
         self.loaded: Loaded | None = None
         self.load_stage = ""
@@ -92,7 +98,8 @@ class KvdeckApp(App):
             sample = self.sampler()
         except Exception as e:  # a telemetry source must never take the console down
             sample = {"source": "none", "unavailable": f"telemetry failed: {type(e).__name__}: {e}"}
-        self.post_message(TelemetrySampled(sample))
+        if sample is not None:
+            self.post_message(TelemetrySampled(sample))
 
     def _tick_status(self) -> None:
         m = self.main()
@@ -120,7 +127,7 @@ class KvdeckApp(App):
                 for ev in result if isinstance(result, (list, tuple)) else ():
                     if isinstance(ev, Event):
                         post(AgentEventReceived(ev))
-            post(PoolSampled(engine.snapshot()))
+            post(PoolSampled(engine.snapshot(), tree=engine.tree()))
         except Exception as e:  # shown on screen; the console stays up to change settings
             post(EngineLoadFailed(f"{type(e).__name__}: {e}"))
             return
@@ -132,7 +139,7 @@ class KvdeckApp(App):
         loaded = self.loaded
         try:
             events = loaded.agent.run_turn(text, loaded.options.tool_choice if loaded.options.tools else "none")
-            outcome = pump_events(events, self.post_message, loaded.engine,
+            outcome = pump_events(events, self.post_message, loaded.engine, telemetry=self.telemetry_source,
                                   cancelled=lambda: worker.is_cancelled or self._cancel.is_set())
         except Exception as e:  # a bad tool_choice or an engine error ends the turn, not the console
             self.post_message(TurnEnded("failed", f"{type(e).__name__}: {e}"))
@@ -171,6 +178,8 @@ class KvdeckApp(App):
 
     def on_pool_sampled(self, msg: PoolSampled) -> None:
         self.state.set_pool(msg.snapshot)
+        if msg.tree is not None:
+            self.state.tree = msg.tree
         for ev in msg.cache_events:
             self.state.cache_event(ev)
         self.sync()

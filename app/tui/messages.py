@@ -54,11 +54,12 @@ class TokensStreamed(Message):
 
 
 class PoolSampled(Message):
-    """engine.snapshot() (pool occupancy) and the cache events drained with it."""
+    """engine.snapshot() (pool occupancy), engine.tree() and any cache events drained with them."""
 
-    def __init__(self, snapshot: dict, cache_events: list | None = None) -> None:
+    def __init__(self, snapshot: dict, cache_events: list | None = None, tree: list | None = None) -> None:
         super().__init__()
         self.snapshot = snapshot
+        self.tree = tree
         self.cache_events = cache_events or []
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 
-from app.events import EngineCallFinished, TokenDelta, TurnFailed, TurnFinished
+from app.events import EngineCallFinished, EngineCallStarted, TokenDelta, TurnFailed, TurnFinished
 from app.tui.messages import AgentEventReceived, PoolSampled, TokensStreamed
 
 Progress = Callable[[str, "float | None"], None]
@@ -55,13 +55,16 @@ Builder = Callable[[ConsoleOptions, Progress], tuple]
 
 
 def pump_events(events: Iterable, post: Callable[[object], None], engine=None, *, interval: float = 0.05,
+                telemetry=None,
                 cancelled: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic) -> str:
     """Iterate `events` (an agent turn), posting messages; returns finished | failed | cancelled.
 
     TokenDelta text is buffered and posted as one TokensStreamed when `interval` has passed since
     the last flush, and before any other event. After every EngineCallFinished the pool
     snapshot is posted too (engine.snapshot(): a cheap copy). When `cancelled()` turns true the
-    generator is closed (the engine call in flight ends as "cancelled")."""
+    generator is closed (the engine call in flight ends as "cancelled"). With `telemetry` (an
+    app.telemetry Sampler, duck-typed: summarize(t0, t1, tokens)), an EngineCallFinished without
+    a telemetry summary gets one over [EngineCallStarted.t_mono, its own t_mono]."""
     buf: list[str] = []
     key = (0, 0)
     last = clock()
@@ -74,6 +77,7 @@ def pump_events(events: Iterable, post: Callable[[object], None], engine=None, *
             buf.clear()
         last = clock()
 
+    started = 0.0
     it = iter(events)
     try:
         for ev in it:
@@ -86,9 +90,15 @@ def pump_events(events: Iterable, post: Callable[[object], None], engine=None, *
                     flush()
             else:
                 flush()
+                if isinstance(ev, EngineCallStarted):
+                    started = ev.t_mono
+                elif isinstance(ev, EngineCallFinished) and telemetry is not None and ev.telemetry is None and started:
+                    st = ev.stats
+                    tel = telemetry.summarize(started, ev.t_mono, st.computed_tokens + st.decode_tokens)
+                    ev = replace(ev, telemetry=tel.as_dict())
                 post(AgentEventReceived(ev))
                 if isinstance(ev, EngineCallFinished) and engine is not None:
-                    post(PoolSampled(engine.snapshot()))
+                    post(PoolSampled(engine.snapshot(), tree=engine.tree()))
                 if isinstance(ev, TurnFailed):
                     outcome = "failed"
                 elif isinstance(ev, TurnFinished):

@@ -62,6 +62,7 @@ class CallRow:
     threads: int
     evicted_pages: int
     tool_choice: str
+    energy_j: float | None = None  # from the call's telemetry summary, when a power source works
 
     @property
     def fresh(self) -> int:
@@ -76,12 +77,14 @@ class CallRow:
         return "pre" if self.kind == "prewarm" else f"{self.turn}.{self.call}"
 
     @classmethod
-    def from_stats(cls, turn: int, call: int, st, tool_choice: str = "") -> CallRow:
+    def from_stats(cls, turn: int, call: int, st, tool_choice: str = "", telemetry: dict | None = None) -> CallRow:
         kind = getattr(st, "kind", "generate")
+        energy = (telemetry or {}).get("energy_j")
         return cls(turn, call, kind, st.prompt_tokens, st.cached_tokens, st.computed_tokens, st.new_tokens,
                    st.waste_tokens, st.reuse, st.ttft_s, st.prefill_s, st.decode_s, st.decode_tokens,
                    st.decode_tok_s, st.finish_reason, st.weight_format, st.kv_format, st.backend,
-                   int(getattr(st, "threads", 0) or 0), st.evicted_pages, tool_choice)
+                   int(getattr(st, "threads", 0) or 0), st.evicted_pages, tool_choice,
+                   None if energy is None else float(energy))
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Eviction:
     head_text: str
     owner: int
     reason: str
+    at: int = 0  # prefix_tokens: where the evicted span starts in its sequence
 
 
 @dataclass
@@ -145,6 +149,7 @@ class ConsoleState:
     calls: list[CallRow] = field(default_factory=list)
     evictions: deque = field(default_factory=lambda: deque(maxlen=200))
     pool: dict = field(default_factory=dict)
+    tree: list = field(default_factory=list)  # the last engine.tree() copy (the cache inspector's)
     pool_history: deque = field(default_factory=lambda: deque(maxlen=120))  # used pages
     banner: Banner | None = None
     lint: tuple[str, ...] = ()
@@ -175,6 +180,11 @@ class ConsoleState:
             "decode_tokens": dec_t, "evicted_pages": sum(c.evicted_pages for c in calls),
         }
 
+    def turn_energy_j(self, turn: int) -> float | None:
+        """Joules of a turn's engine calls (None when no call of it was measured)."""
+        js = [c.energy_j for c in self.calls if c.turn == turn and c.energy_j is not None]
+        return sum(js) if js else None
+
     # ---- streaming -----------------------------------------------------------------------
     def stream(self, turn: int, call: int, text: str) -> None:
         """Append coalesced token text to the answer being written."""
@@ -190,8 +200,9 @@ class ConsoleState:
         self.version += 1
 
     def set_pool(self, snap: dict) -> None:
+        if dict(snap) != self.pool:  # the KVSnapshot event and the worker's sample are the same reading
+            self.pool_history.append(int(snap.get("used_pages", 0)))
         self.pool = dict(snap)
-        self.pool_history.append(int(snap.get("used_pages", 0)))
         self.version += 1
 
     def _head(self, ev) -> str:
@@ -211,7 +222,7 @@ class ConsoleState:
         owner = get("session") if isinstance(ev, dict) else get("engine_session", 0)
         self.evictions.appendleft(Eviction(get("t_wall", None) or time.time(), int(get("pages", 0)),
                                            int(get("tokens", 0)), " ".join(self._head(ev).split()[:8]),
-                                           int(owner or 0), str(get("reason", ""))))
+                                           int(owner or 0), str(get("reason", "")), int(get("prefix_tokens", 0) or 0)))
         self.version += 1
 
     # ---- events --------------------------------------------------------------------------
@@ -233,7 +244,7 @@ class ConsoleState:
                 self.stream(turn, call, text)
             case E.EngineCallFinished(turn=turn, call=call, stats=st, tool_choice=choice):
                 self.call_prompt = 0
-                self.calls.append(CallRow.from_stats(turn, call, st, choice))
+                self.calls.append(CallRow.from_stats(turn, call, st, choice, getattr(ev, "telemetry", None)))
                 for e in self.entries:
                     if e.kind == "answer" and e.call == call and e.turn == turn:
                         e.done = True

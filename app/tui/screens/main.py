@@ -66,16 +66,17 @@ class MainScreen(Screen):
                 with TabPane("Engine F8", id="engine"):
                     with Horizontal(classes="row"):
                         yield StatsPanel(state, id="stats", classes="panel")
-                        yield PowerPanel(app.telemetry, id="power", classes="panel")
+                        yield PowerPanel(app.telemetry, state, id="power", classes="panel")
         else:
             with Horizontal(id="wide"):
-                yield Vertical(Transcript(state, id="transcript"), self._input(), id="chat", classes="panel")
+                with Vertical(id="left"):
+                    yield Vertical(Transcript(state, id="transcript"), self._input(), id="chat", classes="panel")
+                    with Horizontal(classes="row"):
+                        yield StatsPanel(state, id="stats", classes="panel")
+                        yield PowerPanel(app.telemetry, state, id="power", classes="panel")
                 with Vertical(id="side"):
                     yield PromptChart(state, id="chart", classes="panel")
                     yield PoolPanel(state, id="poolpanel", classes="panel")
-                    with Horizontal(classes="row"):
-                        yield StatsPanel(state, id="stats", classes="panel")
-                        yield PowerPanel(app.telemetry, id="power", classes="panel")
         yield Footer()
 
     def _input(self) -> Input:

@@ -8,20 +8,21 @@ from textual.widgets import Static
 from app.tui.state import Banner, ConsoleState
 
 
-def banner_text(b: Banner) -> Text:
-    t = Text()
+def banner_text(b: Banner, wrap: bool = True) -> Text:
+    """Two lines: what broke where, then the diff (old, new). wrap=False: each line cut to the width."""
+    t = Text(no_wrap=not wrap, overflow="ellipsis")
     t.append(f" PREFIX BREAK ({b.cause}) ", style="bold reverse red")
-    t.append(f" call {b.turn}.{b.call}: segment {b.segment} at token {b.index}; "
-             f"promised {b.promised}, cached {b.cached}\n")
-    t.append(f"  …{b.before[-30:]!r} ", style="dim")
-    t.append(f"- {b.old[:40]!r} ", style="red")
-    t.append(f"+ {b.new[:40]!r}", style="green")
+    t.append(f" call {b.turn}.{b.call}: {b.segment} at token {b.index}, cached {b.cached} of {b.promised}\n")
+    t.append(f" - {b.old[:60]!r}", style="bold red")
+    t.append(f"  + {b.new[:60]!r}", style="bold green")
+    if wrap:
+        t.append(f"\n after …{b.before[-40:]!r}", style="dim")
     return t
 
 
 class PrefixBanner(Static):
     DEFAULT_CSS = """
-    PrefixBanner { height: auto; display: none; border-left: thick $error; padding: 0 1; }
+    PrefixBanner { height: 2; display: none; border-left: thick $error; padding: 0 0 0 1; }
     PrefixBanner.-shown { display: block; }
     """
 
@@ -36,4 +37,4 @@ class PrefixBanner(Static):
         b = self.state.banner
         self.set_class(b is not None, "-shown")
         if b is not None:
-            self.update(banner_text(b))
+            self.update(banner_text(b, wrap=False))

@@ -42,7 +42,7 @@ def gauge(snap: dict, width: int) -> Text:
             cells[k] = 1
     cells["free"] = max(0, width - sum(v for k, v in cells.items() if k != "free"))
     for name, colour in SEGMENTS:
-        t.append(("█" if name != "free" else "░") * cells[name], style=colour)
+        t.append(" " * cells[name], style=f"on {colour}")  # background cells line up exactly
     return t
 
 
@@ -56,8 +56,7 @@ def legend(snap: dict) -> Text:
     total = int(snap.get("total_pages", 0))
     used = int(snap.get("used_pages", 0))
     t.append(f"\n{used}/{total} pages · {fmt_bytes(used * page_bytes)} of {fmt_bytes(total * page_bytes)} · "
-             f"pinned {fmt_bytes(parts['pinned'] * page_bytes)} · {snap.get('block', '?')} tok/page · "
-             f"{snap.get('tree_nodes', 0)} nodes")
+             f"pinned {fmt_bytes(parts['pinned'] * page_bytes)} · {snap.get('block', '?')} tok/page")
     return t
 
 
@@ -79,7 +78,7 @@ class PoolPanel(Vertical):
         yield Static(id="gauge")
         yield Sparkline([], id="used")
         table = DataTable(id="evictions", cursor_type="row", zebra_stripes=False)
-        table.add_columns("time", "pages", "prefix", "owner", "reason")
+        table.add_columns("time", "pages", "at", "prefix", "owner", "reason")
         yield table
 
     def on_mount(self) -> None:
@@ -110,7 +109,7 @@ class PoolPanel(Vertical):
         table = self.query_one(DataTable)
         table.clear()
         if not st.evictions:
-            table.add_row("—", "", "no evictions yet", "", "")
+            table.add_row("—", "", "", "no evictions yet", "", "")
         for ev in list(st.evictions)[:50]:
-            table.add_row(time.strftime("%H:%M:%S", time.localtime(ev.t_wall)), str(ev.pages),
-                          ev.head_text[:40] or "?", f"s{ev.owner}", ev.reason)
+            table.add_row(time.strftime("%H:%M:%S", time.localtime(ev.t_wall)), str(ev.pages), str(ev.at),
+                          ev.head_text[:32] or "?", f"s{ev.owner}", ev.reason)

@@ -1,21 +1,53 @@
 """The prompt of each engine call, stacked: cached / new (computed) / recomputed (waste).
 
-One bar per engine call (the pre-warm included), the last `window` calls, drawn with
-textual-plotext's stacked bar; the table under it gives each bar's figures and reuse %.
+One bar per engine call (the pre-warm included), the most recent that fit, with the reuse %.
+The bars are drawn cell by cell with Rich text in a Static: textual-plotext (which works with
+Textual 8) draws horizontal stacked bars with half-block rows that do not line up with one label
+per call, and its vertical bars give ~100 tokens per row, where a call's ~50 new tokens vanish.
+Here one cell is prompt_max / width tokens and any non-zero segment gets at least one cell.
+The table under the bars gives each call's figures.
 """
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
-from textual_plotext import PlotextPlot
 
 from app.tui.state import CallRow, ConsoleState
 
-COLORS = ("green", "blue", "red")  # cached, new, recomputed: plotext colour names (16-colour safe)
+COLORS = ("green", "blue", "red")  # cached, new, recomputed (ANSI names: readable in 16 colours)
+
+
+def cells(values: list[int], scale: float) -> list[int]:
+    """Cells per segment (cached, new, recomputed) at `scale` tokens per cell, summing to the
+    whole bar's cells; the new and recomputed segments get at least one cell when non-zero."""
+    total = max(1, round(sum(values) / scale))
+    small = [max(1, round(v / scale)) if v > 0 else 0 for v in values[1:]]
+    first = max(0, total - sum(small)) if values[0] > 0 else 0
+    return [first, *small]
+
+
+def bars(rows: list[CallRow], width: int) -> Text:
+    """One line per call: label, reuse %, the stacked bar, the prompt tokens."""
+    t = Text()
+    if not rows:
+        return t
+    biggest = max(r.prompt for r in rows) or 1
+    bar_w = max(8, width - 21)
+    scale = biggest / bar_w
+    for r in rows:
+        t.append(f"{r.label:>5} {r.reuse * 100:3.0f}% ", style="bold" if r.kind != "prewarm" else "dim")
+        n = cells([r.cached, r.fresh, r.waste], scale)
+        for k, colour in zip(n, COLORS):
+            t.append(" " * k, style=f"on {colour}")  # background cells: exact in terminals and SVG
+        t.append(" " * max(0, bar_w - sum(n)))
+        t.append(f" {r.prompt:>5}\n")
+    t.rstrip()
+    return t
 
 
 def call_table(rows: list[CallRow], totals: dict | None = None) -> Table:
@@ -37,45 +69,38 @@ class PromptChart(Vertical):
     BORDER_TITLE = "prompt per engine call"
     DEFAULT_CSS = """
     PromptChart { height: 1fr; }
-    PromptChart PlotextPlot { height: 1fr; min-height: 8; }
+    PromptChart #bars { height: 1fr; }
     PromptChart #calls { height: auto; max-height: 9; }
     """
 
-    def __init__(self, state: ConsoleState, window: int = 10, **kw) -> None:
+    def __init__(self, state: ConsoleState, window: int = 12, table_rows: int = 4, **kw) -> None:
         super().__init__(**kw)
         self.state = state
         self.window = window
-        self.table_rows = 4
-        self._seen = -1
+        self.table_rows = table_rows
+        self._seen: tuple = ()
 
     def compose(self) -> ComposeResult:
-        yield PlotextPlot(id="plot")
+        yield Static(id="bars")
         yield Static(id="calls")
 
     def on_mount(self) -> None:
         self.sync(force=True)
 
+    def on_resize(self) -> None:
+        self.sync(force=True)
+
     def sync(self, force: bool = False) -> None:
-        rows = self.state.calls[-self.window:]
-        if not force and len(self.state.calls) == self._seen:
+        box = self.query_one("#bars", Static)
+        fit = box.size.height if box.size.height > 0 else self.window
+        window = max(1, min(self.window, fit))
+        key = (len(self.state.calls), window, box.size.width)
+        if not force and key == self._seen:
             return
-        self._seen = len(self.state.calls)
-        plot = self.query_one(PlotextPlot)
-        plt = plot.plt
-        plt.clear_data()
-        plt.clear_figure()
+        self._seen = key
+        rows = self.state.calls[-window:]
         tot = self.state.totals()
         self.border_title = (f"prompt per engine call · session reuse {tot['reuse'] * 100:.1f}%" if rows
                              else "prompt per engine call · no calls yet")
-        if rows:
-            # Horizontal bars: the panel's width gives the finer token resolution; the oldest call on top.
-            top = max(self.window, len(rows))
-            pos = [top - i for i in range(len(rows))]
-            plt.stacked_bar(pos, [[r.cached for r in rows], [r.fresh for r in rows], [r.waste for r in rows]],
-                            color=list(COLORS), width=0.6, orientation="horizontal")
-            plt.yticks(pos, [f"{r.label} {r.reuse * 100:3.0f}%" for r in rows])
-            plt.ylim(0.4, top + 0.6)
-            plt.xlim(0, max(r.prompt for r in rows) * 1.02)
-            plt.xfrequency(3)
-        plot.refresh()
-        self.query_one("#calls", Static).update(call_table(rows[-self.table_rows:], tot))
+        box.update(bars(rows, box.size.width or 60) if rows else Text("no engine calls yet", style="italic"))
+        self.query_one("#calls", Static).update(call_table(self.state.calls[-self.table_rows:], tot))

@@ -37,8 +37,8 @@ def engine_line(state: ConsoleState) -> Text:
     t = Text()
     t.append(state.model or "model ?", style="bold")
     if last is not None:
-        threads = f", {last.threads} threads" if last.threads else ""
-        t.append(f"\n{last.weight_format} weights · {last.kv_format} KV · {last.backend}{threads}")
+        threads = f" ×{last.threads}" if last.threads else ""
+        t.append(f"\n{last.weight_format} · {last.kv_format} KV · {last.backend}{threads}")
     return t
 
 
