@@ -190,3 +190,24 @@ def test_cli_error_exit_2(tmp_path, capsys):
     assert main(["bogus"]) == 2
     assert main(["list"]) == 0
     assert "smollm2-135m" in capsys.readouterr().out
+
+
+def test_models_check_refuses_overlapping_tensors(tmp_path, capsys):
+    """`kvdeck models check` reads the whole header: two tensors sharing bytes (sizes still
+    adding up to the file) are reported by name, and convert rebuilds such a folder."""
+    f = make_hf_folder(tmp_path / "m")
+    (out,) = convert(f, name="m", formats="f32", out=tmp_path / "out")
+    st = out / "model.safetensors"
+    blob = st.read_bytes()
+    hlen = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + hlen])
+    a, b = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])[:2]
+    header[b]["data_offsets"] = list(header[a]["data_offsets"])
+    header[b]["shape"], header[b]["dtype"] = header[a]["shape"], header[a]["dtype"]
+    raw = json.dumps(header).encode()
+    st.write_bytes(len(raw).to_bytes(8, "little") + raw + blob[8 + hlen:])
+    assert main(["check", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "overlap tensor" in err and f"'{a}'" in err and f"'{b}'" in err, err
+    convert(f, name="m", formats="f32", out=tmp_path / "out")  # stale folder: rebuilt
+    assert main(["check", str(out)]) == 0
