@@ -127,3 +127,38 @@ def test_replay_reproduces_the_recorded_ledger_and_answers(root, tmp_path, capsy
     assert [c["prompt_tokens"] for c in calls] == [c["prompt_tokens"] for c in recorded[1:]]
     assert cmp["identical_answers"], (cmp["source"]["answers"], cmp["replay"]["answers"])
     assert cmp["replay"]["computed_tokens"] > cmp["source"]["computed_tokens"]
+
+
+def test_ctrl_c_cancels_the_reply_and_the_chat_goes_on(root, tmp_path):
+    db = tmp_path / "c.db"
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "app", "chat", "--db", str(db), "--no-prewarm", "--no-tools", "--max-tokens", "6",
+         "--threads", "1", "--tool-choice", "none"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=_env(tmp_path),
+        text=True)
+    try:
+        chat.stdin.write("Please summarise the maintenance checklist for the cabinet fans. " * 16 + "\n")
+        chat.stdin.flush()
+        _wait(lambda: (1, "running") in _turns(db))
+        t0 = time.monotonic()
+        chat.send_signal(signal.SIGINT)
+        _wait(lambda: (1, "failed") in _turns(db))
+        stopped_s = time.monotonic() - t0
+        chat.stdin.write("Hello.\n")
+        chat.stdin.flush()
+        _wait(lambda: (2, "complete") in _turns(db))
+        out, err = chat.communicate("\n", timeout=60)
+    finally:
+        chat.kill()
+    assert chat.returncode == 0, err
+    assert "Traceback" not in err and "cancelled" in err, err
+    assert stopped_s < 5.0
+    store = Store.open(db)
+    (sid,) = [r["id"] for r in store.list_sessions()]
+    turns = store.rows("turns", sid)
+    assert turns[0]["error"] == "cancelled" and turns[1]["status"] == "complete"
+    calls = store.rows("engine_calls", sid)
+    assert calls[0]["finish_reason"] == "cancelled"
+    # the cancelled turn was rolled back: turn 2's prompt holds no trace of turn 1's long message
+    assert calls[1]["prompt_tokens"] < calls[0]["prompt_tokens"] - 150  # the long message: ~190 tokens
+    assert [m[0] for m in store.conversation(sid)] == [0, 0, 2, 2]
