@@ -209,6 +209,10 @@ def cmd_check_prefix(args) -> int:
         if writer:
             writer.end_session(sid)
             writer.close()
+    if writer and writer.turn_ms:
+        ms = writer.turn_ms
+        print(f"stored as session {sid[:7]} in {writer.path}: {len(ms)} turns, the writer thread's commit "
+              f"{sum(ms) / len(ms):.1f} ms per turn (max {max(ms):.1f})")
     for line in format_report(task, report, args.min_reuse, args.gate):
         print(line)
     ok, verdict = gate_passes(report, args.min_reuse, args.gate)
