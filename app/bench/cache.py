@@ -130,7 +130,7 @@ def pressure(eng_factory, gen: int) -> dict:
     V = eng.config.vocab_size
     static = _ids(np.random.default_rng(12345), SYSTEM + TOOLS, V)
     active = eng.session("active")
-    pinned = active.prewarm(static)
+    pinned = active.prewarm(static).pinned_tokens
     rng = np.random.default_rng(3)
     prompt = static + _ids(rng, FIRST_USER, V)
     cached, evicted = [], 0

@@ -3,7 +3,7 @@
 Imports flow one way: nothing here imports the agent, the store, telemetry or the UI.
 """
 
-from app.engine.engine import Engine, Generation, Session, TokenConstraint
+from app.engine.engine import Engine, Generation, Prewarm, Session, TokenConstraint
 from app.engine.errors import EngineError, KvPoolFull
 from app.engine.loader import default_models_dir, load_engine
 from app.engine.types import CallStats, ModelConfig, SamplingParams
@@ -14,6 +14,7 @@ __all__ = [
     "EngineError",
     "Generation",
     "KvPoolFull",
+    "Prewarm",
     "ModelConfig",
     "SamplingParams",
     "Session",

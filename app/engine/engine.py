@@ -1,16 +1,23 @@
 """The Python handle over the native engine: cold forwards and streamed generation.
 
 Contracts
-- One Engine per loaded model; not thread-safe (one caller at a time). Native calls
-  release the GIL, so a UI thread keeps running while a worker thread generates.
+- One Engine per loaded model. Every method is safe from any thread: the native engine
+  serialises its state behind one lock and releases the GIL while it waits or computes, so a
+  UI thread keeps running while a worker generates. snapshot() and tree() are cheap copies
+  that never wait for a running prefill.
 - generate() opens a sequence, streams token ids, and closes the sequence when the
   stream ends or is closed early; its ledger is `Generation.stats` after the stream ends.
+- Generation.cancel() (any thread) stops the call between layers of its prefill or between
+  decode steps: the stream ends, `stats.finish_reason` is "cancelled", the pages computed so
+  far stay in the prefix cache and the session goes on. A Generation is consumed by one thread.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 from pathlib import Path
 
@@ -29,8 +36,7 @@ class Engine:
         self.folder = folder
         self.prefix_cache = prefix_cache
         self._next_session = 0
-        # Events drained but not yet handed to a call (e.g. from a session's prewarm).
-        self._pending_events: list[dict] = []
+        self._ids_lock = threading.Lock()
 
     # ---- facts ----------------------------------------------------------------------
     @property
@@ -45,6 +51,15 @@ class Engine:
     def backend(self) -> str:
         return self.native.backend
 
+    @property
+    def threads(self) -> int:
+        return self.native.threads
+
+    @property
+    def dropped_events(self) -> int:
+        """Cache events lost because the native ring was full (not drained in time)."""
+        return self.native.dropped_events
+
     # ---- cold forward ---------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """f32 [len(ids), vocab]: every position's logits from a fresh sequence."""
@@ -54,12 +69,12 @@ class Engine:
         finally:
             self.native.close_sequence(seq)
 
-    def _forward(self, seq: int, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def _forward(self, seq: int, ids: Sequence[int], all_logits: bool = False, cancel=None) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int32)
         if arr.ndim != 1 or arr.size == 0:
             raise EngineError("forward needs a non-empty 1-D list of token ids")
         try:
-            return self.native.forward(seq, arr, all_logits)
+            return self.native.forward(seq, arr, all_logits, cancel)
         except _native.KvPoolFullError as e:
             raise KvPoolFull(str(e)) from None
         except ValueError as e:
@@ -68,8 +83,10 @@ class Engine:
     # ---- generation -----------------------------------------------------------------
     def session(self, name: str = "default") -> Session:
         """A conversation's handle on the engine (see Session)."""
-        self._next_session += 1
-        return Session(self, name, self._next_session)
+        with self._ids_lock:
+            self._next_session += 1
+            sid = self._next_session
+        return Session(self, name, sid)
 
     # ---- the prefix cache -----------------------------------------------------------
     def snapshot(self) -> dict:
@@ -81,6 +98,22 @@ class Engine:
         """The radix tree's nodes (id, parent, start, tokens, pages, lock_ref, pin_ref,
         last_access, owner) for the cache inspector."""
         return self.native.tree_dump()
+
+    def progress(self) -> float | None:
+        """Fraction [0, 1] of the prefill in flight (chunks and layers done), or None when no
+        prefill is running. Never waits for it."""
+        p = self.native.progress()
+        if p is None or p["total"] <= 0:
+            return None
+        return (p["done"] + p["chunk"] * p["layer"] / max(1, p["layers"])) / p["total"]
+
+    def prefill_progress(self) -> dict | None:
+        """The raw record: {seq, total, done, chunk, layer, layers} or None."""
+        return self.native.progress()
+
+    def drain_events(self) -> list[dict]:
+        """Cache events not yet handed to a call (e.g. evictions by clear_cache)."""
+        return self.native.drain_events()
 
     def clear_cache(self) -> int:
         """Drop every unpinned, unlocked cached page; returns the pages dropped."""
@@ -112,6 +145,15 @@ class Engine:
             )
         stops = set(self.config.stop_token_ids if stop_ids is None else stop_ids)
         return Generation(self, list(prompt), sampling, max_tokens, stops, constraint, session)
+
+
+@dataclass(frozen=True)
+class Prewarm:
+    """The result of Session.prewarm: its ledger, its cache events and the tokens pinned."""
+
+    stats: CallStats
+    events: list[dict] = field(default_factory=list)
+    pinned_tokens: int = 0
 
 
 class TokenConstraint(Protocol):
@@ -155,6 +197,7 @@ class Generation:
         self.output_ids: list[int] = []  # tokens + the stop token when one ended the stream
         self.stats: CallStats | None = None
         self.events: list[dict] = []
+        self._cancel = _native.CancelFlag()
         self._it = self._run()
 
     def __iter__(self) -> Iterator[int]:
@@ -164,7 +207,17 @@ class Generation:
         return next(self._it)
 
     def close(self) -> None:
+        """End the stream from the consuming thread (finish_reason "cancelled" if unfinished)."""
         self._it.close()
+
+    def cancel(self) -> None:
+        """Stop the call from any thread: its running prefill stops between layers and
+        decoding stops before the next step; the stream then ends."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set
 
     def text(self) -> str:
         return self.engine.tokenizer.decode(self.tokens, skip_special_tokens=True)
@@ -196,10 +249,19 @@ class Generation:
         finish = "length"
         decode_s = prefill_s = ttft_s = 0.0
         decode_tokens = cached = 0
+        computed = 0  # prompt tokens computed (all of the tail, or the chunks done before a cancel)
+        self._dropped0 = native.dropped_events
         seq = native.open_sequence(sid)
         try:
             cached = native.begin(seq, np.asarray(self.prompt, np.int32)) if eng.prefix_cache else 0
-            logits = eng._forward(seq, self.prompt[cached:])
+            try:
+                logits = eng._forward(seq, self.prompt[cached:], cancel=self._cancel)
+            except _native.CancelledError as e:
+                computed = int(e.args[0]) if e.args else 0
+                prefill_s = time.perf_counter() - t0
+                finish = "cancelled"
+                return
+            computed = len(self.prompt) - cached
             prefill_s = time.perf_counter() - t0
             tok = self._choose(sampler, logits)
             ttft_s = time.perf_counter() - t0
@@ -214,8 +276,18 @@ class Generation:
                 yield tok
                 if len(self.tokens) >= self.max_tokens:
                     break
+                if self._cancel.is_set:
+                    finish = "cancelled"
+                    break
                 t = time.perf_counter()
-                logits = eng._forward(seq, [tok])
+                try:
+                    logits = eng._forward(seq, [tok], cancel=self._cancel)
+                except _native.CancelledError:
+                    finish = "cancelled"
+                    break
+                except KvPoolFull:
+                    finish = "pool_full"  # the reply so far stands; the pool cannot hold another token
+                    break
                 tok = self._choose(sampler, logits)
                 decode_s += time.perf_counter() - t
                 decode_tokens += 1
@@ -227,46 +299,55 @@ class Generation:
                 native.finish(seq)
             else:
                 native.close_sequence(seq)
-            self.events = eng._pending_events + native.drain_events()
-            eng._pending_events = []
-            if ttft_s > 0:  # the prompt was computed: the call has a ledger, even if cut short
-                self.stats = self._ledger(cached, prefill_s, ttft_s, decode_s, decode_tokens, finish)
-                if self.session is not None:
+            self.events = native.drain_events()
+            if ttft_s > 0 or finish == "cancelled":  # the call ran: it has a ledger, even if cut short
+                self.stats = self._ledger(cached, computed, prefill_s, ttft_s, decode_s, decode_tokens, finish)
+                if self.session is not None and ttft_s > 0:
                     self.session._called(self)
 
-    def _ledger(self, cached, prefill_s, ttft_s, decode_s, decode_tokens, finish) -> CallStats:
-        eng = self.engine
-        n = len(self.prompt)
-        seen = self.session.seen_ids if self.session else []
-        common = 0
-        for a, b in zip(self.prompt, seen):
-            if a != b:
-                break
-            common += 1
-        new = n - common
-        computed = n - cached
-        snap = eng.native.snapshot()
-        return CallStats(
-            prompt_tokens=n,
-            cached_tokens=cached,
-            computed_tokens=computed,
-            new_tokens=new,
-            waste_tokens=max(0, computed - new),
-            reuse=cached / n,
-            ttft_s=ttft_s,
-            prefill_s=prefill_s,
-            decode_s=decode_s,
-            decode_tokens=decode_tokens,
-            decode_tok_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
-            finish_reason=finish,
-            weight_format=eng.weight_format,
-            kv_format=eng.kv_format,
-            backend=eng.backend,
-            kv_used_pages=snap["used_pages"],
-            kv_pinned_pages=snap["pinned_pages"],
-            kv_free_pages=snap["free_pages"],
-            evicted_pages=sum(e["pages"] for e in self.events if e["kind"] == "evict"),
-        )
+    def _ledger(self, cached, computed, prefill_s, ttft_s, decode_s, decode_tokens, finish) -> CallStats:
+        return _call_stats(self.engine, self.prompt, self.session, cached, computed, prefill_s, ttft_s,
+                           decode_s, decode_tokens, finish, self.events, "generate", self._dropped0)
+
+
+def _call_stats(eng: Engine, prompt: list[int], session: Session | None, cached: int, computed: int,
+                prefill_s: float, ttft_s: float, decode_s: float, decode_tokens: int, finish: str,
+                events: list[dict], kind: str, dropped0: int = 0) -> CallStats:
+    """The ledger of one engine call (DESIGN.md § Per-turn ledger). dropped0: the native
+    ring's dropped-event count when the call began."""
+    n = len(prompt)
+    seen = session.seen_ids if session else []
+    common = 0
+    for a, b in zip(prompt, seen):
+        if a != b:
+            break
+        common += 1
+    new = n - common
+    snap = eng.native.snapshot()
+    return CallStats(
+        prompt_tokens=n,
+        cached_tokens=cached,
+        computed_tokens=computed,
+        new_tokens=new,
+        waste_tokens=max(0, computed - new),
+        reuse=cached / n,
+        ttft_s=ttft_s,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        decode_tokens=decode_tokens,
+        decode_tok_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
+        finish_reason=finish,
+        weight_format=eng.weight_format,
+        kv_format=eng.kv_format,
+        backend=eng.backend,
+        kv_used_pages=snap["used_pages"],
+        kv_pinned_pages=snap["pinned_pages"],
+        kv_free_pages=snap["free_pages"],
+        evicted_pages=sum(e["pages"] for e in events if e["kind"] == "evict"),
+        threads=eng.threads,
+        events_dropped=eng.dropped_events - dropped0,
+        kind=kind,
+    )
 
 
 class Session:
@@ -311,23 +392,34 @@ class Session:
         _, tokens = self.engine.native.pin(self.id, np.asarray(ids, np.int32))
         return tokens
 
-    def prewarm(self, ids: Sequence[int]) -> int:
-        """Compute `ids` (what is not cached yet), cache and pin it. Returns tokens pinned."""
+    def prewarm(self, ids: Sequence[int]) -> Prewarm:
+        """Compute `ids` (what is not cached yet), cache and pin it: an engine call of its own
+        (stats.kind "prewarm", no generated token), so the ledger sums to all the work done.
+        The ids count as sent by this session: the next call's new_tokens excludes them."""
         self._check_open()
         eng = self.engine
         if not eng.prefix_cache:
             raise EngineError("prewarm needs the prefix cache (engine loaded with prefix_cache=False)")
+        if len(ids) == 0:
+            raise EngineError("prewarm needs a non-empty prefix")
         native = eng.native
+        prompt = list(ids)
+        dropped0 = native.dropped_events
+        t0 = time.perf_counter()
         seq = native.open_sequence(self.id)
         try:
-            arr = np.asarray(ids, np.int32)
-            cached = native.begin(seq, arr)
-            eng._forward(seq, list(ids)[cached:])
+            cached = native.begin(seq, np.asarray(prompt, np.int32))
+            eng._forward(seq, prompt[cached:])
         finally:
             native.finish(seq)
-        n = self.pin(ids)
-        eng._pending_events += native.drain_events()
-        return n
+        prefill_s = time.perf_counter() - t0
+        n = self.pin(prompt)
+        events = native.drain_events()
+        stats = _call_stats(eng, prompt, self, cached, len(prompt) - cached, prefill_s, prefill_s, 0.0, 0,
+                            "stop", events, "prewarm", dropped0)
+        self.seen_ids = prompt
+        self.calls.append(stats)
+        return Prewarm(stats=stats, events=events, pinned_tokens=n)
 
     def close(self) -> None:
         """Release this session's pins. Idempotent."""

@@ -200,6 +200,26 @@ def read_tokenizer(folder: Path):
 
 
 # ---- engine ---------------------------------------------------------------------------
+def check_options(*, threads, kv_pages, max_context, kv_mib, kv_block, max_chunk) -> None:
+    """EngineError naming the first engine option out of range (the native constructor
+    checks the same ranges again)."""
+
+    def need(ok: bool, name: str, value, rule: str) -> None:
+        if not ok:
+            raise EngineError(f"engine option {name} = {value!r} is out of range ({rule})")
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    need(threads is None or (is_int(threads) and 0 <= threads <= 1024), "threads", threads,
+         "0 or None for all cores, or 1..1024")
+    need(kv_pages is None or (is_int(kv_pages) and kv_pages >= 1), "kv_pages", kv_pages, ">= 1 page, or None")
+    need(kv_mib is None or (isinstance(kv_mib, (int, float)) and kv_mib > 0), "kv_mib", kv_mib, "> 0 MiB, or None")
+    need(is_int(max_context) and max_context >= 1, "max_context", max_context, ">= 1 token")
+    need(is_int(kv_block) and 1 <= kv_block <= 256, "kv_block", kv_block, "1..256 tokens per page")
+    need(is_int(max_chunk) and 1 <= max_chunk <= 16384, "max_chunk", max_chunk, "1..16384 tokens")
+
+
 def load_engine(
     path: str | os.PathLike,
     weights: str | None = None,
@@ -209,6 +229,8 @@ def load_engine(
     max_context: int = 4096,
     prefix_cache: bool = True,
     kv_mib: float | None = None,
+    kv_block: int = 16,
+    max_chunk: int = 512,
 ) -> Engine:
     """Load a model folder onto the CPU backend. See module docstring for `path`.
 
@@ -217,6 +239,8 @@ def load_engine(
     """
     if kv not in KV_FORMATS:
         raise EngineError(f"kv format '{kv}' is not supported ({', '.join(KV_FORMATS)})")
+    check_options(threads=threads, kv_pages=kv_pages, max_context=max_context, kv_mib=kv_mib,
+                  kv_block=kv_block, max_chunk=max_chunk)
     folder = resolve_model_dir(path, weights)
     cfg = read_config(folder)
     header = check_weights(folder / "model.safetensors", cfg)  # folder_check.py: tensors vs config
@@ -237,7 +261,7 @@ def load_engine(
     if kv_mib is not None:
         if kv_pages is not None:
             raise EngineError("give kv_pages or kv_mib, not both")
-        per_page = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES[kv] * 16
+        per_page = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES[kv] * kv_block
         kv_pages = int(kv_mib * 2**20 // per_page)
         if kv_pages < 1:
             raise EngineError(f"kv_mib {kv_mib} is smaller than one page ({per_page / 2**20:.3f} MiB)")
@@ -247,6 +271,8 @@ def load_engine(
         "kv_pages": kv_pages or 0,
         "max_context": max_context,
         "prefix_cache": prefix_cache,
+        "kv_block": kv_block,
+        "max_chunk": max_chunk,
     }
     try:
         native = _native.Engine(native_cfg, options)

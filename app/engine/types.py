@@ -71,7 +71,7 @@ class CallStats:
     decode_s: float
     decode_tokens: int
     decode_tok_s: float
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "pool_full"
     weight_format: str
     kv_format: str
     backend: str
@@ -79,6 +79,9 @@ class CallStats:
     kv_pinned_pages: int
     kv_free_pages: int
     evicted_pages: int
+    threads: int = 0
+    events_dropped: int = 0  # cache events the native ring lost during the call (ring full)
+    kind: str = "generate"  # "generate" | "prewarm" (the static prefix computed ahead of call 1)
 
     def as_dict(self) -> dict:
         return asdict(self)

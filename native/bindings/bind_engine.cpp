@@ -1,4 +1,9 @@
-// Python bindings of the engine: thin handles, no logic. Long calls release the GIL.
+// Python bindings of the engine: thin handles, no logic.
+//
+// GIL rule: every call that takes the engine's lock releases the GIL first, so a thread
+// waiting for a running forward() never holds up the other Python threads (the UI). The
+// published reads (snapshot, tree_dump, drain_events, dropped_events) take only the short
+// publication lock.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -68,6 +73,25 @@ std::string dtype_of(const py::array& a) {
 
 void bind_engine(py::module_& m) {
   py::register_exception<KvPoolFull>(m, "KvPoolFullError", PyExc_RuntimeError);
+  // CancelledError(tokens appended before the cancel). The type object is kept for the
+  // process's lifetime (module attribute + one leaked reference: no destructor at exit).
+  static PyObject* cancelled_type = [&] {
+    py::exception<Cancelled> exc(m, "CancelledError", PyExc_RuntimeError);
+    return exc.inc_ref().ptr();
+  }();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Cancelled& e) {
+      PyErr_SetObject(cancelled_type, py::make_tuple(e.computed).ptr());
+    }
+  });
+
+  py::class_<CancelFlag>(m, "CancelFlag", "Set from any thread to stop a forward() between layers.")
+      .def(py::init<>())
+      .def("set", [](CancelFlag& f) { f.set.store(true); })
+      .def("clear", [](CancelFlag& f) { f.set.store(false); })
+      .def_property_readonly("is_set", [](const CancelFlag& f) { return f.set.load(); });
 
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const py::dict& config, const py::dict& options) {
@@ -94,14 +118,14 @@ void bind_engine(py::module_& m) {
             load_weights(e, named, tie);
           },
           py::arg("tensors"), py::arg("tie_embeddings"))
-      .def("open_sequence", &Engine::open_sequence, py::arg("session") = 0)
-      .def("close_sequence", &Engine::close_sequence)
+      .def("open_sequence", &Engine::open_sequence, py::arg("session") = 0, py::call_guard<py::gil_scoped_release>())
+      .def("close_sequence", &Engine::close_sequence, py::call_guard<py::gil_scoped_release>())
       .def("sequence_tokens", [](const Engine& e, int s) { return e.sequence(s).tokens; })
       .def("sequence_pages", [](const Engine& e, int s) { return e.sequence(s).pages; })
       .def(
           "forward",
           [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
-             bool all_logits) {
+             bool all_logits, const CancelFlag* cancel) {
             const int n = int(ids.size());
             const int V = e.config().vocab;
             py::array_t<float> out = all_logits ? py::array_t<float>({n, V}) : py::array_t<float>(V);
@@ -109,31 +133,35 @@ void bind_engine(py::module_& m) {
             float* o = out.mutable_data();
             {
               py::gil_scoped_release nogil;
-              e.forward(seq, p, n, o, all_logits);
+              e.forward(seq, p, n, o, all_logits, cancel);
             }
             return out;
           },
-          py::arg("seq"), py::arg("ids"), py::arg("all_logits") = false,
+          py::arg("seq"), py::arg("ids"), py::arg("all_logits") = false, py::arg("cancel") = nullptr,
           "Append ids to the sequence and compute them; logits f32 [V] of the last token, "
-          "or [n, V] with all_logits.")
+          "or [n, V] with all_logits. Raises CancelledError(tokens appended) when cancel is set.")
       .def(
           "begin",
           [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            py::gil_scoped_release nogil;
             return e.begin(seq, ids.data(), int(ids.size()));
           },
           py::arg("seq"), py::arg("ids"), "Attach the longest cached prefix; returns cached tokens.")
-      .def("finish", &Engine::finish, py::arg("seq"), "Insert the sequence's whole pages into the cache and close it.")
+      .def("finish", &Engine::finish, py::arg("seq"), py::call_guard<py::gil_scoped_release>(), "Insert the sequence's whole pages into the cache and close it.")
       .def(
           "pin",
           [](Engine& e, int session, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            py::gil_scoped_release nogil;
             return e.pin(session, ids.data(), int(ids.size()));
           },
           py::arg("session"), py::arg("ids"), "Pin the cached prefix of ids; returns (pin id, tokens pinned).")
-      .def("unpin", &Engine::unpin, py::arg("pin_id"))
-      .def("release_session", &Engine::release_session, py::arg("session"), "Unpin all of a session's pins.")
-      .def("evict", &Engine::evict, py::arg("n_pages"), py::arg("reason") = "requested")
-      .def("clear_cache", &Engine::clear_cache)
-      .def("check_integrity", &Engine::check_integrity)
+      .def("unpin", &Engine::unpin, py::arg("pin_id"), py::call_guard<py::gil_scoped_release>())
+      .def("release_session", &Engine::release_session, py::arg("session"), py::call_guard<py::gil_scoped_release>(),
+           "Unpin all of a session's pins.")
+      .def("evict", &Engine::evict, py::arg("n_pages"), py::arg("reason") = "requested",
+           py::call_guard<py::gil_scoped_release>())
+      .def("clear_cache", &Engine::clear_cache, py::call_guard<py::gil_scoped_release>())
+      .def("check_integrity", &Engine::check_integrity, py::call_guard<py::gil_scoped_release>())
       .def("snapshot",
            [](const Engine& e) {
              const PoolSnapshot s = e.snapshot();
@@ -153,11 +181,11 @@ void bind_engine(py::module_& m) {
       .def("tree_dump",
            [](const Engine& e) {
              py::list out;
-             e.tree()->visit([&](const RadixNode& n) {
+             for (const NodeInfo& n : e.tree_nodes()) {
                py::dict d;
                d["id"] = n.id;
-               d["parent"] = n.parent ? n.parent->id : 0;
-               d["start"] = n.depth_tokens;
+               d["parent"] = n.parent;
+               d["start"] = n.start;
                d["tokens"] = n.tokens;
                d["pages"] = n.pages;
                d["lock_ref"] = n.lock_ref;
@@ -165,7 +193,7 @@ void bind_engine(py::module_& m) {
                d["last_access"] = n.last_access;
                d["owner"] = n.owner;
                out.append(d);
-             });
+             }
              return out;
            })
       .def("drain_events",
@@ -184,15 +212,30 @@ void bind_engine(py::module_& m) {
              }
              return out;
            })
-      .def_property_readonly("backend", [](Engine& e) { return e.backend().name(); })
-      .def_property_readonly("threads", [](Engine& e) { return e.backend().threads(); })
+      .def_property_readonly("dropped_events", &Engine::dropped_events, "cache events lost to a full ring")
+      .def("progress",
+           [](const Engine& e) -> py::object {
+             const ForwardProgress p = e.progress();
+             if (p.seq == 0) return py::none();
+             py::dict d;
+             d["seq"] = p.seq;
+             d["total"] = p.total;
+             d["done"] = p.done;
+             d["chunk"] = p.chunk;
+             d["layer"] = p.layer;
+             d["layers"] = p.layers;
+             return d;
+           },
+           "The prefill in flight {seq, total, done, chunk, layer, layers}, or None (never waits).")
+      .def_property_readonly("backend", &Engine::backend_name)
+      .def_property_readonly("threads", &Engine::threads)
       .def_property_readonly("weight_bytes", &Engine::weight_bytes)
-      .def_property_readonly("kv_block", [](Engine& e) { return e.pool().block(); })
-      .def_property_readonly("kv_pages", [](Engine& e) { return e.pool().n_pages(); })
-      .def_property_readonly("kv_free_pages", [](Engine& e) { return e.pool().free_pages(); })
-      .def_property_readonly("kv_used_pages", [](Engine& e) { return e.pool().used_pages(); })
-      .def_property_readonly("kv_bytes_per_token", [](Engine& e) { return e.pool().bytes_per_token(); })
-      .def_property_readonly("kv_format", [](Engine& e) { return std::string(kv_dtype_name(e.pool().dtype())); });
+      .def_property_readonly("kv_block", &Engine::kv_block)
+      .def_property_readonly("kv_pages", [](const Engine& e) { return e.snapshot().total_pages; })
+      .def_property_readonly("kv_free_pages", [](const Engine& e) { return e.snapshot().free_pages; })
+      .def_property_readonly("kv_used_pages", [](const Engine& e) { return e.snapshot().used_pages; })
+      .def_property_readonly("kv_bytes_per_token", [](const Engine& e) { return e.snapshot().bytes_per_token; })
+      .def_property_readonly("kv_format", [](const Engine& e) { return std::string(kv_dtype_name(e.kv_dtype())); });
 
   py::class_<Sampler>(m, "Sampler")
       .def(py::init<uint64_t>(), py::arg("seed") = 0)

@@ -1,10 +1,10 @@
 // The CPU backend: host memory, OpenMP threads, and the kernels of native/kernels/cpu.
 //
-// Threading: each op splits its output into disjoint ranges, one per thread (GEMM by
-// weight rows so every thread streams its own slice of the weights; attention by
-// query × KV head). Kernels themselves are single-threaded.
-#include <omp.h>
-
+// Threading: each op splits its output into disjoint tasks (GEMM by weight rows so each
+// task streams its own slice of the weights; attention by query × KV head or by KV head ×
+// segment) that the thread pool hands to whichever thread is running (thread_pool.h: the
+// pool degrades with load instead of stalling at barriers). Kernels are single-threaded;
+// per-thread scratch is indexed by the pool's thread number.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -14,13 +14,15 @@
 
 #include "kvdeck/backend.h"
 #include "kvdeck/ops_cpu.h"
+#include "kvdeck/thread_pool.h"
 
 namespace kvdeck {
 namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {}
+  explicit CpuBackend(int threads)
+      : threads_(threads > 0 ? threads : ThreadPool::available_cores()), pool_(threads_), scratch_(threads_) {}
 
   std::string name() const override { return "cpu"; }
   int threads() const override { return threads_; }
@@ -51,9 +53,13 @@ class CpuBackend final : public Backend {
   }
 
   void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) override {
-#pragma omp parallel for num_threads(threads_) schedule(static) if (M > 8)
-    for (int m = 0; m < M; ++m)
-      cpu::rmsnorm_row(x + static_cast<size_t>(m) * n, w, n, eps, y + static_cast<size_t>(m) * n);
+    auto rows = [&](int m0, int m1) {
+      for (int m = m0; m < m1; ++m)
+        cpu::rmsnorm_row(x + static_cast<size_t>(m) * n, w, n, eps, y + static_cast<size_t>(m) * n);
+    };
+    if (M <= 8) return rows(0, M);
+    const int R = 8, tasks = (M + R - 1) / R;  // 8 rows a task
+    pool_.run(tasks, [&](int t, int) { rows(t * R, std::min(M, t * R + R)); });
   }
 
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
@@ -68,15 +74,8 @@ class CpuBackend final : public Backend {
     const bool integer = is_integer(w.dtype);
     if (integer && !xq.valid) throw std::logic_error("matmul: integer weights need quantised input");
     const ActQ8* a = integer ? &xq.act : nullptr;
-    // Row chunks: a multiple of 16 rows per thread keeps kernels on their unrolled path.
-    const int T = std::min(threads_, std::max(1, w.N / 16));
-    const int chunk = round_up((w.N + T - 1) / T, 16);
-#pragma omp parallel num_threads(T)
-    {
-      const int t = omp_get_thread_num();
-      const int n0 = std::min(w.N, t * chunk), n1 = std::min(w.N, n0 + chunk);
-      if (n0 < n1) gemm(w, x, a, M, y, ldy, n0, n1);
-    }
+    const int rows = task_rows(w, M), tasks = (w.N + rows - 1) / rows;
+    pool_.run(tasks, [&](int t, int) { gemm(w, x, a, M, y, ldy, t * rows, std::min(w.N, t * rows + rows)); });
   }
 
   void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
@@ -85,17 +84,21 @@ class CpuBackend final : public Backend {
       if (is_integer(dt) && !xq.valid)
         throw std::logic_error("matmul: integer weights need quantised input");
     }
-#pragma omp parallel num_threads(threads_)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      for (int i = 0; i < n; ++i) {  // thread t: its row chunk of every weight
-        const WeightView& w = *outs[i].w;
-        const bool integer = is_integer(w.dtype);
-        const int chunk = round_up((w.N + nt - 1) / nt, 16);
-        const int n0 = std::min(w.N, t * chunk), n1 = std::min(w.N, n0 + chunk);
-        if (n0 < n1) gemm(w, x, integer ? &xq.act : nullptr, M, outs[i].y, outs[i].ldy, n0, n1);
-      }
+    // One task list over the row chunks of every weight: one hand-off for all of them.
+    int first[8], rows[8], total = 0;
+    if (n > 8) throw std::invalid_argument("matmul_many: at most 8 weights");
+    for (int i = 0; i < n; ++i) {
+      rows[i] = task_rows(*outs[i].w, M);
+      first[i] = total;
+      total += (outs[i].w->N + rows[i] - 1) / rows[i];
     }
+    pool_.run(total, [&](int t, int) {
+      int i = n - 1;
+      while (first[i] > t) --i;
+      const WeightView& w = *outs[i].w;
+      const int n0 = (t - first[i]) * rows[i], n1 = std::min(w.N, n0 + rows[i]);
+      gemm(w, x, is_integer(w.dtype) ? &xq.act : nullptr, M, outs[i].y, outs[i].ldy, n0, n1);
+    });
   }
 
   void add_bias(float* x, const float* b, int M, int n, int ld) override {
@@ -106,19 +109,21 @@ class CpuBackend final : public Backend {
   void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos,
             const float* inv_freq) override {
     const int half = D / 2;
-#pragma omp parallel num_threads(threads_) if (M > 8)
-    {
-      std::vector<float> cs(half), sn(half);
-#pragma omp for schedule(static)
-      for (int m = 0; m < M; ++m) {
+    auto rows = [&](int m0, int m1, int thread) {
+      std::vector<float>& cs = scratch(thread, 2 * size_t(half));  // cos [half] | sin [half]
+      float* sn = cs.data() + half;
+      for (int m = m0; m < m1; ++m) {
         for (int i = 0; i < half; ++i) {
           const float a = static_cast<float>(pos[m]) * inv_freq[i];  // as HF: f32 pos·inv_freq
           cs[i] = std::cos(a);
           sn[i] = std::sin(a);
         }
-        cpu::rope_row(x + static_cast<size_t>(m) * ld, n_heads, D, cs.data(), sn.data());
+        cpu::rope_row(x + static_cast<size_t>(m) * ld, n_heads, D, cs.data(), sn);
       }
-    }
+    };
+    if (M <= 8) return rows(0, M, 0);
+    const int R = 8, tasks = (M + R - 1) / R;
+    pool_.run(tasks, [&](int t, int thread) { rows(t * R, std::min(M, t * R + R), thread); });
   }
 
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
@@ -164,8 +169,7 @@ class CpuBackend final : public Backend {
       const size_t page_floats = size_t(pool.block()) * nkv * D;
       workspace_.resize(2 * n_pages * page_floats);  // K then V, [n_pages, block, nkv, D]
       ws_pages_.resize(n_pages);
-#pragma omp parallel for num_threads(threads_) schedule(static)
-      for (int pi = 0; pi < n_pages; ++pi) {
+      pool_.run(n_pages, [&](int pi, int) {
         ws_pages_[pi] = pi;
         const size_t row = pool.row_bytes();
         const uint8_t* kp = static_cast<const uint8_t*>(pool.k(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
@@ -181,7 +185,7 @@ class CpuBackend final : public Backend {
             cpu::kv_nvfp4_decode_row(vp + r * row, D, vw + size_t(r) * D);
           }
         }
-      }
+      });
       kv = cpu::KvView{workspace_.data(), workspace_.data() + n_pages * page_floats, KvDType::F32,
                        pool.block(), nkv, D, ws_pages_.data()};
     }
@@ -193,56 +197,64 @@ class CpuBackend final : public Backend {
       float* po = part_.data();                  // [nkv, S, G, D]
       float* pm = po + size_t(nkv) * S * G * D;  // [nkv, S, G]
       float* pl = pm + size_t(nkv) * S * G;      // [nkv, S, G]
-      const int T = std::min(threads_, nkv * S);
-#pragma omp parallel num_threads(T)
-      {
-        std::vector<float> tile(2 * size_t(pool.block()) * D);
-#pragma omp for schedule(static)
-        for (int task = 0; task < nkv * S; ++task) {
-          const int g = task / S, s = task % S, t0 = s * seg, t1 = std::min(ctx, t0 + seg);
-          cpu::attention_segment(kv, g, q + size_t(g) * G * D, G, t0, t1, scale, po + size_t(task) * G * D,
-                                 pm + size_t(task) * G, pl + size_t(task) * G, tile.data());
-        }
-      }
+      pool_.run(nkv * S, [&](int task, int thread) {
+        float* tile = scratch(thread, 2 * size_t(pool.block()) * D).data();  // [2, block, D]
+        const int g = task / S, s = task % S, t0 = s * seg, t1 = std::min(ctx, t0 + seg);
+        cpu::attention_segment(kv, g, q + size_t(g) * G * D, G, t0, t1, scale, po + size_t(task) * G * D,
+                               pm + size_t(task) * G, pl + size_t(task) * G, tile);
+      });
       for (int g = 0; g < nkv; ++g)
         cpu::attention_combine(po + size_t(g) * S * G * D, pm + size_t(g) * S * G, pl + size_t(g) * S * G, S,
                                G, D, out + size_t(g) * G * D);
       return;
     }
-    const int tasks = M * nkv;
-    const int T = std::min(threads_, tasks);
-#pragma omp parallel num_threads(T)
-    {
-      std::vector<float> work(cpu::attention_work_floats(G, ctx, pool.block(), D));
-      // Later queries see more context: interleave them across threads.
-#pragma omp for schedule(dynamic, 1)
-      for (int task = 0; task < tasks; ++task) {
-        const int m = task / nkv, g = task % nkv;
-        const float* qm = q + static_cast<size_t>(m) * ldq + static_cast<size_t>(g) * G * D;
-        float* om = out + static_cast<size_t>(m) * nh * D + static_cast<size_t>(g) * G * D;
-        cpu::attention_query(kv, g, qm, G, p0 + m + 1, scale, om, work.data());
-      }
-    }
+    // One task per (query, KV head); later queries see more context, and tasks are claimed
+    // dynamically, so the load balances itself.
+    const size_t work_floats = cpu::attention_work_floats(G, ctx, pool.block(), D);
+    pool_.run(M * nkv, [&](int task, int thread) {
+      const int m = task / nkv, g = task % nkv;
+      const float* qm = q + static_cast<size_t>(m) * ldq + static_cast<size_t>(g) * G * D;
+      float* om = out + static_cast<size_t>(m) * nh * D + static_cast<size_t>(g) * G * D;
+      cpu::attention_query(kv, g, qm, G, p0 + m + 1, scale, om, scratch(thread, work_floats).data());
+    });
   }
 
   void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
     const size_t total = static_cast<size_t>(M) * n;
-    const int T = total > 32768 ? threads_ : 1;
-#pragma omp parallel num_threads(T)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const size_t c = (total + nt - 1) / nt, i0 = std::min(total, t * c), i1 = std::min(total, i0 + c);
-      if (i0 < i1) cpu::silu_mul_row(a + i0, b + i0, static_cast<int>(i1 - i0), y + i0);
-    }
+    const size_t c = 16384;  // floats a task
+    const int tasks = int((total + c - 1) / c);
+    pool_.run(tasks, [&](int t, int) {
+      const size_t i0 = size_t(t) * c, i1 = std::min(total, i0 + c);
+      cpu::silu_mul_row(a + i0, b + i0, static_cast<int>(i1 - i0), y + i0);
+    });
   }
 
   void add(float* x, const float* y, size_t n) override {
-#pragma omp simd
+#pragma omp simd  // -fopenmp-simd: vectorisation only, no OpenMP runtime
     for (size_t i = 0; i < n; ++i) x[i] += y[i];
   }
 
  private:
+  // Rows of W per task: a multiple of 16 (the kernels' unrolled path), about 8 tasks per
+  // thread so a descheduled thread leaves little behind, and at least ~32 KB of weights per
+  // task for decode so claiming a task stays cheap against running it.
+  int task_rows(const WeightView& w, int M) const {
+    const size_t row_bytes = w.dtype == DType::F32 ? 4 * size_t(w.K) : w.dtype == DType::F16 ? 2 * size_t(w.K) : size_t(w.Kp) * 9 / 16;
+    const int by_threads = round_up((w.N + 8 * threads_ - 1) / (8 * threads_), 16);
+    const int by_bytes = round_up(int(32768 / std::max<size_t>(1, row_bytes * std::max(1, M))) + 1, 16);
+    const int at_most = round_up((w.N + threads_ - 1) / threads_, 16);  // keep >= threads_ tasks
+    return std::max(16, std::min(at_most, std::max(by_threads, by_bytes)));
+  }
+  // Per-thread scratch of at least n floats (each pool thread touches only its own).
+  std::vector<float>& scratch(int thread, size_t n) {
+    std::vector<float>& v = scratch_[thread];
+    if (v.size() < n) v.resize(n);
+    return v;
+  }
+
   int threads_;
+  ThreadPool pool_;
+  std::vector<std::vector<float>> scratch_;  // [threads] per-thread work buffers
   std::vector<float> workspace_;   // nvfp4 prefill: dequantised K,V of one layer's context
   std::vector<int32_t> ws_pages_;  // identity page table into workspace_
   std::vector<float> part_;        // decode: per (KV head, segment) partials, see attention()

@@ -58,8 +58,20 @@ struct Engine::Scratch {
 // ============================================================================
 // Construction and weights
 // ============================================================================
+void validate(const EngineOptions& o) {
+  auto bad = [](const std::string& what, int v, const std::string& range) {
+    throw std::invalid_argument("engine option " + what + " = " + std::to_string(v) + " is out of range (" + range + ")");
+  };
+  if (o.threads < 0 || o.threads > 1024) bad("threads", o.threads, "0 for all cores, or 1..1024");
+  if (o.kv_block < 1 || o.kv_block > 256) bad("kv_block", o.kv_block, "1..256 tokens per page");
+  if (o.kv_pages < 0) bad("kv_pages", o.kv_pages, "0 for max_context / kv_block, or >= 1 page");
+  if (o.max_context < 1) bad("max_context", o.max_context, ">= 1 token");
+  if (o.max_chunk < 1 || o.max_chunk > 16384) bad("max_chunk", o.max_chunk, "1..16384 tokens");
+}
+
 Engine::Engine(ModelConfig config, EngineOptions options)
     : config_(std::move(config)), options_(options) {
+  validate(options_);
   const ModelConfig& c = config_;
   if (c.hidden <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||
       c.vocab <= 0 || c.intermediate <= 0)
@@ -71,6 +83,8 @@ Engine::Engine(ModelConfig config, EngineOptions options)
   if (options_.backend != "cpu")
     throw std::invalid_argument("backend '" + options_.backend + "' is not available in this build (cpu)");
   backend_ = make_cpu_backend(options_.threads);
+  backend_name_ = backend_->name();
+  threads_ = backend_->threads();
   const int B = options_.kv_block;
   int n_pages = options_.kv_pages;
   if (n_pages <= 0) n_pages = (options_.max_context + B - 1) / B;
@@ -78,6 +92,7 @@ Engine::Engine(ModelConfig config, EngineOptions options)
                                    options_.kv_dtype);
   tree_ = std::make_unique<RadixTree>(*pool_, events_);
   scratch_ = std::make_unique<Scratch>(*backend_, c, options_.max_chunk, n_pages);
+  publish();
 }
 
 Engine::~Engine() {
@@ -90,6 +105,7 @@ Engine::~Engine() {
 }
 
 const void* Engine::upload(const void* host, size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
   void* p = backend_->alloc(bytes);
   backend_->upload(p, host, bytes);
   owned_.push_back(p);
@@ -112,6 +128,7 @@ static void check_linear(const WeightView& w, int N, int K, const std::string& n
 }
 
 void Engine::set_weights(ModelWeights w) {
+  std::lock_guard<std::mutex> lk(mu_);
   const ModelConfig& c = config_;
   const int H = c.hidden, F = c.intermediate, QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
   if (int(w.layers.size()) != c.n_layers)
@@ -150,6 +167,7 @@ static Sequence& find_seq(std::unordered_map<int, Sequence>& m, int seq) {
 }
 
 int Engine::open_sequence(int32_t session) {
+  std::lock_guard<std::mutex> lk(mu_);
   const int id = next_seq_++;
   Sequence s;
   s.session = session;
@@ -158,6 +176,12 @@ int Engine::open_sequence(int32_t session) {
 }
 
 void Engine::close_sequence(int seq) {
+  std::lock_guard<std::mutex> lk(mu_);
+  close_locked(seq);
+  publish();
+}
+
+void Engine::close_locked(int seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) throw std::invalid_argument("unknown sequence " + std::to_string(seq));
   for (int p : it->second.pages) pool_->unref(p);
@@ -170,6 +194,7 @@ void Engine::close_sequence(int seq) {
 // ============================================================================
 
 int Engine::begin(int seq, const int32_t* ids, int n) {
+  std::lock_guard<std::mutex> lk(mu_);
   Sequence& s = find_seq(seqs_, seq);
   if (!s.tokens.empty() || s.locked) throw std::logic_error("begin: the sequence is not empty");
   if (!options_.prefix_cache || n <= 1) return 0;
@@ -181,25 +206,36 @@ int Engine::begin(int seq, const int32_t* ids, int n) {
   s.tokens.assign(ids, ids + m.tokens);
   events_.push({CacheEventKind::Hit, s.session, int(m.pages.size()), m.tokens, m.tokens,
                 std::vector<int32_t>(ids, ids + std::min(n, 8)), ""});
+  publish();
   return m.tokens;
 }
 
 void Engine::finish(int seq) {
+  std::lock_guard<std::mutex> lk(mu_);
   Sequence& s = find_seq(seqs_, seq);
   const int full = int(s.tokens.size()) / pool_->block();
   if (options_.prefix_cache && full > 0) tree_->insert(s.tokens.data(), full, s.pages.data(), s.session);
-  close_sequence(seq);
+  close_locked(seq);
+  publish();
 }
 
 std::pair<int, int> Engine::pin(int32_t session, const int32_t* ids, int n) {
+  std::lock_guard<std::mutex> lk(mu_);
   int tokens = 0;
   RadixNode* node = tree_->pin(ids, n, session, &tokens);
   const int id = next_pin_++;
   pins_.emplace(id, PinRecord{node, session});
+  publish();
   return {id, tokens};
 }
 
 void Engine::unpin(int pin_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unpin_locked(pin_id);
+  publish();
+}
+
+void Engine::unpin_locked(int pin_id) {
   auto it = pins_.find(pin_id);
   if (it == pins_.end()) throw std::invalid_argument("unknown pin " + std::to_string(pin_id));
   tree_->unpin(it->second.node, it->second.session);
@@ -207,18 +243,45 @@ void Engine::unpin(int pin_id) {
 }
 
 int Engine::release_session(int32_t session) {
+  std::lock_guard<std::mutex> lk(mu_);
   std::vector<int> ids;
   for (auto& [id, rec] : pins_)
     if (rec.session == session) ids.push_back(id);
-  for (int id : ids) unpin(id);
+  for (int id : ids) unpin_locked(id);
+  publish();
   return int(ids.size());
 }
-int Engine::evict(int n_pages, const std::string& reason) { return tree_->evict(n_pages, reason); }
-int Engine::clear_cache() { return tree_->clear(); }
+int Engine::evict(int n_pages, const std::string& reason) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int n = tree_->evict(n_pages, reason);
+  publish();
+  return n;
+}
+int Engine::clear_cache() {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int n = tree_->clear();
+  publish();
+  return n;
+}
 
 PoolSnapshot Engine::snapshot() const {
+  std::lock_guard<std::mutex> lk(pub_mu_);
+  return published_snap_;
+}
+
+ForwardProgress Engine::progress() const {
+  std::lock_guard<std::mutex> lk(pub_mu_);
+  return progress_;
+}
+
+std::vector<NodeInfo> Engine::tree_nodes() const {
+  std::lock_guard<std::mutex> lk(pub_mu_);
+  return published_tree_;
+}
+
+void Engine::publish() {
   const TreeSnapshot t = tree_->snapshot();
-  PoolSnapshot s;
+  PoolSnapshot s{};
   s.total_pages = pool_->n_pages();
   s.used_pages = pool_->used_pages();
   s.free_pages = pool_->free_pages();
@@ -229,10 +292,24 @@ PoolSnapshot Engine::snapshot() const {
   s.tree_nodes = t.nodes;
   s.block = pool_->block();
   s.bytes_per_token = pool_->bytes_per_token();
-  return s;
+  const bool tree_changed = tree_->version() != published_version_;
+  std::vector<NodeInfo> nodes;
+  if (tree_changed) {
+    tree_->visit([&](const RadixNode& n) {
+      nodes.push_back(NodeInfo{n.id, n.parent ? n.parent->id : 0, n.depth_tokens, n.tokens, n.pages, n.lock_ref,
+                               n.pin_ref, n.owner, n.last_access});
+    });
+  }
+  std::lock_guard<std::mutex> lk(pub_mu_);
+  published_snap_ = s;
+  if (tree_changed) {
+    published_tree_.swap(nodes);
+    published_version_ = tree_->version();
+  }
 }
 
 void Engine::check_integrity() const {
+  std::lock_guard<std::mutex> lk(mu_);
   auto fail = [](const std::string& m) { throw std::logic_error("integrity: " + m); };
   std::vector<int32_t> refs(pool_->n_pages(), 0);
   tree_->check(refs);
@@ -260,7 +337,8 @@ void Engine::check_integrity() const {
   });
 }
 
-const Sequence& Engine::sequence(int seq) const {
+Sequence Engine::sequence(int seq) const {
+  std::lock_guard<std::mutex> lk(mu_);
   return find_seq(const_cast<std::unordered_map<int, Sequence>&>(seqs_), seq);
 }
 
@@ -281,7 +359,9 @@ void Engine::reserve_pages(Sequence& s, int n_tokens) {
 // ============================================================================
 // Forward pass
 // ============================================================================
-void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits) {
+void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits,
+                     const CancelFlag* cancel) {
+  std::lock_guard<std::mutex> lk(mu_);
   if (!weights_set_) throw std::logic_error("engine: weights not set");
   if (n <= 0) throw std::invalid_argument("forward: no tokens");
   Sequence& s = find_seq(seqs_, seq);
@@ -291,12 +371,29 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
                                   " is outside the vocabulary [0, " + std::to_string(config_.vocab) + ")");
   const int p0 = int(s.tokens.size());
   reserve_pages(s, p0 + n);
+  publish();  // pages reserved (and maybe evicted for): readers see it during the compute
+  struct ProgressGuard {  // the progress record lives exactly as long as this forward
+    Engine& e;
+    ~ProgressGuard() {
+      std::lock_guard<std::mutex> lk(e.pub_mu_);
+      e.progress_ = ForwardProgress{};
+    }
+  } guard{*this};
   const int V = config_.vocab;
   for (int done = 0; done < n;) {
     const int M = std::min(options_.max_chunk, n - done);
+    if (n > 1) {
+      std::lock_guard<std::mutex> lk(pub_mu_);
+      progress_ = ForwardProgress{seq, n, done, M, 0, config_.n_layers};
+    }
     const bool last = done + M == n;
     float* out = all_logits ? logits + size_t(done) * V : (last ? logits : nullptr);
-    forward_chunk(s, ids + done, M, p0 + done, out, all_logits);
+    if (cancel && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(done);
+    try {
+      forward_chunk(s, ids + done, M, p0 + done, out, all_logits, cancel);
+    } catch (const Cancelled&) {
+      throw Cancelled(done);  // this chunk's K/V are incomplete: it is not appended
+    }
     s.tokens.insert(s.tokens.end(), ids + done, ids + done + M);
     done += M;
   }
@@ -305,7 +402,7 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
 // One chunk of M tokens at positions p0.. of sequence s (its pages already reserved).
 // logits: host f32 [V] (last row) or [M, V] (all rows), or null for none.
 void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits,
-                           bool all_logits) {
+                           bool all_logits, const CancelFlag* cancel) {
   Backend& be = *backend_;
   Scratch& S = *scratch_;
   const ModelConfig& c = config_;
@@ -326,6 +423,11 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
 
   be.embed(weights_.embed, S.ids, M, S.x);  // x: [M, H]
   for (int l = 0; l < c.n_layers; ++l) {
+    if (cancel && l > 0 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
+    if (M > 1 && l > 0) {
+      std::lock_guard<std::mutex> lk(pub_mu_);
+      progress_.layer = l;
+    }
     const LayerWeights& L = weights_.layers[l];
     // ---- attention block ----
     be.rmsnorm(S.x, L.attn_norm, M, H, c.rms_eps, S.h);
@@ -348,11 +450,13 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     be.rope(S.k, M, nkv, D, KD, S.pos, c.rope_inv_freq.data());
     be.kv_write(*pool_, l, S.k, S.v, KD, S.slots, M);
     be.attention(*pool_, l, S.q, QD, M, p0, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
+    if (cancel && M > 1 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     S.xq.valid = false;
     if (is_integer(L.wo.dtype)) be.quantize_input(S.attn, M, QD, S.xq);
     be.matmul(L.wo, S.attn, S.xq, M, S.o, H);
     be.add(S.x, S.o, size_t(M) * H);
     // ---- MLP block ----
+    if (cancel && M > 1 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     be.rmsnorm(S.x, L.mlp_norm, M, H, c.rms_eps, S.h);
     S.xq.valid = false;
     if (is_integer(L.w_gate.dtype)) be.quantize_input(S.h, M, H, S.xq);

@@ -32,6 +32,7 @@ RadixTree::~RadixTree() {
 // Matching and locking
 // ============================================================================
 PrefixMatch RadixTree::match(const int32_t* ids, int n, int max_tokens) {
+  ++version_;
   const int B = pool_.block();
   const int limit = std::min(n, max_tokens) / B * B;
   PrefixMatch m;
@@ -62,10 +63,12 @@ PrefixMatch RadixTree::match(const int32_t* ids, int n, int max_tokens) {
 }
 
 void RadixTree::lock(RadixNode* node) {
+  ++version_;
   for (RadixNode* n = node; n; n = n->parent) ++n->lock_ref;
 }
 
 void RadixTree::unlock(RadixNode* node) {
+  ++version_;
   for (RadixNode* n = node; n; n = n->parent) {
     if (n->lock_ref <= 0) throw std::logic_error("radix: unlock of an unlocked node");
     --n->lock_ref;
@@ -104,6 +107,7 @@ RadixNode* RadixTree::split(RadixNode* node, int at) {
 // Insertion
 // ============================================================================
 RadixNode* RadixTree::insert(const int32_t* ids, int n_pages, const int32_t* pages, int32_t session) {
+  ++version_;
   const int B = pool_.block();
   RadixNode* node = root_.get();
   ++clock_;
@@ -147,6 +151,7 @@ RadixNode* RadixTree::insert(const int32_t* ids, int n_pages, const int32_t* pag
 // Pins
 // ============================================================================
 RadixNode* RadixTree::pin(const int32_t* ids, int n, int32_t session, int* tokens) {
+  ++version_;
   PrefixMatch m = match(ids, n, n);
   for (RadixNode* x = m.node; x; x = x->parent) ++x->pin_ref;
   *tokens = m.tokens;
@@ -156,6 +161,7 @@ RadixNode* RadixTree::pin(const int32_t* ids, int n, int32_t session, int* token
 }
 
 void RadixTree::unpin(RadixNode* node, int32_t session) {
+  ++version_;
   const int tokens = node == root_.get() ? 0 : node->depth_tokens + int(node->tokens.size());
   for (RadixNode* x = node; x; x = x->parent) {
     if (x->pin_ref <= 0) throw std::logic_error("radix: unpin of a node that is not pinned");
@@ -185,6 +191,7 @@ void RadixTree::remove_leaf(RadixNode* node) {
 }
 
 int RadixTree::evict(int n_pages, const std::string& reason) {
+  ++version_;
   const int B = pool_.block();
   int evicted = 0;
   while (evicted < n_pages) {
@@ -212,6 +219,7 @@ int RadixTree::evict(int n_pages, const std::string& reason) {
 }
 
 int RadixTree::clear() {
+  ++version_;
   int total = 0;
   for (;;) {
     const int n = evict(1 << 30, "clear");

@@ -113,12 +113,21 @@ def test_prewarm_pins_a_prefix_until_close(eng):
     eng.clear_cache()
     static = chat_ids(eng, "static", system="You operate a robot fleet. " * 20)
     s = eng.session("pinner")
-    n = s.prewarm(static)
+    warm = s.prewarm(static)
+    n = warm.pinned_tokens
     assert n == len(static) // 16 * 16 and eng.snapshot()["pinned_pages"] == n // 16
+    # The pre-warm is an engine call of its own in the ledger: all of it computed, nothing decoded.
+    st = warm.stats
+    assert st.kind == "prewarm" and st.prompt_tokens == len(static)
+    assert st.cached_tokens + st.computed_tokens == len(static) and st.computed_tokens > 0
+    assert st.new_tokens == len(static) and st.decode_tokens == 0
+    assert any(e["kind"] == "pin" for e in warm.events), "the pin event belongs to the pre-warm call"
     assert eng.clear_cache() == 0, "pinned pages survive a clear"
-    g = eng.generate(static + chat_ids(eng, "Go."), max_tokens=4)
+    g = s.generate(static + chat_ids(eng, "Go."), max_tokens=4)
     list(g)
     assert g.stats.cached_tokens >= n
+    assert not any(e["kind"] == "pin" for e in g.events), "pre-warm events are not handed to the next call"
+    assert g.stats.new_tokens == g.stats.prompt_tokens - len(static), "the pre-warmed ids count as sent"
     s.close()
     assert eng.snapshot()["pinned_pages"] == 0
     eng.clear_cache()

@@ -1,9 +1,13 @@
 // kvdeck/backend.h — the operations the forward pass needs, per backend.
 //
-// The forward pass (forward.cpp) is written once against this interface; the CPU backend
-// implements it here and the CUDA backend will implement it beside it. Every pointer an op
-// receives lives in memory this backend allocated. Ops may run asynchronously on
-// backends that can (CUDA streams); sync() waits. Ops never allocate.
+// The forward pass (Engine::forward_chunk in engine.cpp) is written once against this
+// interface; the CPU backend (backend_cpu.cpp) implements it, a CUDA backend will implement
+// it beside it. Every pointer an op receives lives in memory this backend allocated. Ops may
+// run asynchronously on backends that can (CUDA streams); sync() waits.
+// Memory: ops do not allocate device memory for their outputs (the caller's scratch holds
+// them), but the CPU backend keeps growable host workspaces of its own (per-thread scratch,
+// the f32 widening of f16 / nvfp4 KV for prefill attention) that grow to the largest context
+// seen and are then reused. Ops are called by one thread at a time (the Engine's lock).
 #pragma once
 #include <cstddef>
 #include <cstdint>

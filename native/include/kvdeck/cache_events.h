@@ -2,10 +2,12 @@
 //
 // C++ never calls back into Python: the engine appends events here during a call and
 // Python drains them after it (DESIGN.md § Engine). The ring is bounded; when it wraps,
-// the oldest events are dropped and `dropped` counts them.
+// the oldest events are dropped and `dropped` counts them. push/drain/dropped are safe from
+// any thread (drain runs on the UI's thread while a forward pushes evictions).
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@ class EventRing {
  public:
   explicit EventRing(size_t capacity = 4096) : cap_(capacity) {}
   void push(CacheEvent e) {
+    std::lock_guard<std::mutex> lk(mu_);
     if (q_.size() == cap_) {
       q_.pop_front();
       ++dropped_;
@@ -35,13 +38,19 @@ class EventRing {
     q_.push_back(std::move(e));
   }
   std::vector<CacheEvent> drain() {
+    std::lock_guard<std::mutex> lk(mu_);
     std::vector<CacheEvent> out(q_.begin(), q_.end());
     q_.clear();
     return out;
   }
-  uint64_t dropped() const { return dropped_; }
+  uint64_t dropped() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return dropped_;
+  }
+  size_t capacity() const { return cap_; }
 
  private:
+  mutable std::mutex mu_;
   size_t cap_;
   std::deque<CacheEvent> q_;
   uint64_t dropped_ = 0;

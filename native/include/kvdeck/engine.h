@@ -6,10 +6,25 @@
 // - A sequence is a token history whose K/V live in pool pages (its page table). forward()
 //   appends tokens to a sequence, computing only those tokens (prefill when n > 1, decode
 //   when n == 1); it mutates the sequence and the pool.
-// - Not thread-safe: one caller at a time (the Python handle serialises calls).
+// - Thread-safe: every public method may be called from any thread. One mutex (mu_) owns
+//   the native state (sequences, pool, tree, backend scratch): mutating calls and forward()
+//   hold it for their whole duration. Why one lock and not an engine thread with a queue:
+//   the Python handle already runs generation in the caller's thread with the GIL released,
+//   calls are coarse (a chunk of a prefill, one decode step), and a lock keeps exceptions and
+//   results on the calling thread with no marshalling.
+// - Reads for a UI (snapshot(), tree_nodes(), dropped_events(), drain_events()) never wait
+//   for a running forward(): they copy state that every mutating call publishes under a
+//   second, short-held mutex (pub_mu_) before it returns (and forward() right after it has
+//   reserved — possibly evicted — its pages).
+// - Cancellation: forward() takes an optional CancelFlag, checked between layers and between
+//   prefill chunks. On cancel it throws Cancelled; the chunks already completed stay in the
+//   sequence (valid K/V, insertable into the cache by finish()).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,13 +38,45 @@ namespace kvdeck {
 
 struct EngineOptions {
   std::string backend = "cpu";
-  int threads = 0;                 // 0: all cores
+  int threads = 0;                 // 0: all cores; 0..1024
   KvDType kv_dtype = KvDType::F32;
-  int kv_block = 16;               // tokens per page
+  int kv_block = 16;               // tokens per page; 1..256 (attention keeps a page on the stack)
   int kv_pages = 0;                // pool size in pages; 0: enough for max_context tokens
-  int max_context = 4096;          // default pool sizing only
-  int max_chunk = 512;             // prefill rows per forward chunk (bounds scratch memory)
+  int max_context = 4096;          // default pool sizing only; >= 1
+  int max_chunk = 512;             // prefill rows per forward chunk (bounds scratch memory); 1..16384
   bool prefix_cache = true;        // radix-tree prefix reuse across calls
+};
+// Throws std::invalid_argument naming the first option out of range.
+void validate(const EngineOptions& o);
+
+// Set from any thread to stop a forward() between layers.
+struct CancelFlag {
+  std::atomic<bool> set{false};
+};
+// Thrown by forward() when its CancelFlag was set; `computed` tokens were appended.
+struct Cancelled : std::runtime_error {
+  int computed;
+  Cancelled(int computed_tokens)
+      : std::runtime_error("cancelled"), computed(computed_tokens) {}
+};
+
+// The forward() in flight, for a progress bar: chunks of `chunk` tokens, layer by layer.
+struct ForwardProgress {
+  int seq = 0;          // 0: no forward running
+  int total = 0;        // tokens in this forward call
+  int done = 0;         // tokens of completed chunks
+  int chunk = 0;        // tokens in the chunk being computed
+  int layer = 0;        // layers of that chunk completed
+  int layers = 0;
+};
+
+// One radix-tree node as the cache inspector sees it (a copy).
+struct NodeInfo {
+  int32_t id, parent, start;       // start: tokens from the root to this node
+  std::vector<int32_t> tokens;     // [pages * block]
+  std::vector<int32_t> pages;
+  int32_t lock_ref, pin_ref, owner;
+  uint64_t last_access;
 };
 
 struct Sequence {
@@ -60,7 +107,7 @@ class Engine {
   // ---- sequences (mutating) -----------------------------------------------------------
   int open_sequence(int32_t session = 0);
   void close_sequence(int seq);     // releases its page references and its lock
-  const Sequence& sequence(int seq) const;
+  Sequence sequence(int seq) const;  // a copy
 
   // ---- prefix cache (mutating) --------------------------------------------------------
   // Attach the longest cached prefix of ids [n] to an empty sequence (whole pages, at most
@@ -75,26 +122,47 @@ class Engine {
   int release_session(int32_t session);                    // unpin all its pins; returns count
   int evict(int n_pages, const std::string& reason);       // returns pages evicted
   int clear_cache();
+
+  // ---- reads (any thread, never wait for forward(); copies of the last published state) --
   PoolSnapshot snapshot() const;
-  const RadixTree* tree() const { return tree_.get(); }
+  std::vector<NodeInfo> tree_nodes() const;
   std::vector<CacheEvent> drain_events() { return events_.drain(); }
+  uint64_t dropped_events() const { return events_.dropped(); }
+  ForwardProgress progress() const;
   // Throws std::logic_error naming the first broken invariant of pool, tree and sequences.
   void check_integrity() const;
 
   // Append ids [n] to the sequence and run the model over them. Writes logits f32 [V] of
   // the last token, or [n, V] for every token when all_logits. Throws KvPoolFull (the
-  // sequence is left as it was) when the pool cannot hold the new tokens.
-  void forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits);
+  // sequence is left as it was) when the pool cannot hold the new tokens, and Cancelled
+  // when cancel was set (the completed chunks stay appended).
+  void forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits,
+               const CancelFlag* cancel = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
-  Backend& backend() { return *backend_; }
-  KvPool& pool() { return *pool_; }
+  const std::string& backend_name() const { return backend_name_; }
+  int threads() const { return threads_; }
+  int kv_block() const { return options_.kv_block; }
+  KvDType kv_dtype() const { return options_.kv_dtype; }
 
  private:
   struct Scratch;
-  void forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits, bool all_logits);
+  void forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits, bool all_logits,
+                     const CancelFlag* cancel);
   void reserve_pages(Sequence& s, int n_tokens);
+  void close_locked(int seq);
+  void unpin_locked(int pin_id);
+  void publish();                   // copy snapshot (and the tree if it changed) for readers; holds mu_
+
+  mutable std::mutex mu_;           // the native state below
+  mutable std::mutex pub_mu_;       // published_*
+  PoolSnapshot published_snap_{};
+  std::vector<NodeInfo> published_tree_;
+  uint64_t published_version_ = ~uint64_t(0);
+  ForwardProgress progress_;        // under pub_mu_
+  std::string backend_name_;
+  int threads_ = 0;
 
   ModelConfig config_;
   EngineOptions options_;

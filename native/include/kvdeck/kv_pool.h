@@ -7,8 +7,9 @@
 //   F32: f32 [D]; F16: f16 [D];
 //   NVFP4: u8 codes [D/2] (two E2M1 per byte, element 2i low) then u8 E4M3 scales [D/16]
 //          (one per 16 values along head_dim, tensor scale 1): 0.28125x the bytes of f16. A page returns to the free list
-// when its reference count drops to zero. The prefix cache (radix tree) will hold its
-// own references through the same ref/unref calls.
+// when its reference count drops to zero. The prefix cache (radix tree) holds its
+// own references through the same ref/unref calls. Not thread-safe on its own: the Engine's
+// lock serialises every call.
 #pragma once
 #include <cstddef>
 #include <cstdint>

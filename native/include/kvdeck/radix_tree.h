@@ -6,8 +6,12 @@
 // owner of the counts); a matched request takes its own references and locks the path.
 //
 // Contracts
-// - match() does not mutate the tree except access times; lock()/unlock() mutate lock
-//   counts only; insert() and evict() mutate structure and page references.
+// - Every public method except the const ones mutates: match() updates access times and
+//   may split a node at the matched page boundary (a split changes structure but not the
+//   set of cached pages or their references); lock()/unlock() mutate lock counts only;
+//   insert(), evict() and clear() mutate structure and page references. version() counts
+//   the calls that mutated, so a reader can tell whether a copy of the tree is stale.
+// - Not thread-safe on its own: the Engine's lock serialises every call.
 // - Locked nodes and pinned nodes (and so their ancestors) are never evicted.
 // - Pages in the tree are full and never written again (a sequence appends into pages of
 //   its own), so sharing them needs no copy.
@@ -76,6 +80,7 @@ class RadixTree {
   // Throws std::logic_error describing the first broken invariant.
   void check(std::vector<int32_t>& tree_refs_per_page) const;
   const RadixNode& root() const { return *root_; }
+  uint64_t version() const { return version_; }
 
  private:
   RadixNode* split(RadixNode* node, int at_pages);
@@ -86,6 +91,7 @@ class RadixTree {
   EventRing& events_;
   std::unique_ptr<RadixNode> root_;
   uint64_t clock_ = 0;
+  uint64_t version_ = 0;
   int32_t next_id_ = 1;
 };
 

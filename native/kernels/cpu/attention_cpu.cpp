@@ -12,7 +12,8 @@
 #include "kvdeck/kernels.h"
 #include "kvdeck/ops_cpu.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+// (No clones under ThreadSanitizer: their ifunc resolvers run before its runtime starts.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
 #define KV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KV_CLONES

@@ -10,8 +10,11 @@
 #include "kvdeck/ops_cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define KV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #include <immintrin.h>
+#endif
+// (No clones under ThreadSanitizer: their ifunc resolvers run before its runtime starts.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#define KV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KV_CLONES
 #endif
