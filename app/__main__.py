@@ -229,7 +229,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from app.chat import replay
+    from app.replay_cli import replay
 
     return replay(_prep(args), _toolbox)
 

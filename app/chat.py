@@ -1,4 +1,5 @@
-"""The terminal front ends that store their sessions: `kvdeck chat`, `kvdeck run`, `kvdeck replay ID --with`.
+"""The terminal front ends that store their sessions: `kvdeck chat`, `kvdeck run` (and the pieces
+`kvdeck check-prefix --db` and `kvdeck replay`, app/replay_cli.py, share).
 
 A composition-root helper of app/__main__.py (which passes in how to build the tool functions,
 since only __main__ imports `tools`). The agent runs in a worker thread; this thread prints its
@@ -81,12 +82,65 @@ def start(agent, writer, *, prewarm: bool, title: str = "", parent_id: str = "",
     return run
 
 
+class TelemetryTap:
+    """Fills EngineCallFinished.telemetry from a telemetry Sampler (app.telemetry) before the store
+    sees it: temperatures, power and energy over [EngineCallStarted.t_mono, EngineCallFinished.t_mono].
+    Wraps a sink; `stop()` ends the sampler. A machine with no working source stores nothing."""
+
+    def __init__(self, sink: Callable[[Event], None]):
+        from app.telemetry import Sampler
+
+        self.sink = sink
+        self.sampler = Sampler(interval=1.0).start()
+        self.started: dict[tuple[str, int], float] = {}
+
+    def __call__(self, ev: Event) -> None:
+        from dataclasses import replace
+
+        from app.events import EngineCallStarted
+
+        if isinstance(ev, EngineCallStarted):
+            self.started[(ev.session_id, ev.call)] = ev.t_mono
+        elif isinstance(ev, EngineCallFinished) and ev.telemetry is None:
+            t0 = self.started.pop((ev.session_id, ev.call), ev.t_mono - ev.stats.prefill_s - ev.stats.decode_s)
+            tel = self.sampler.summarize(t0, ev.t_mono, ev.stats.computed_tokens + ev.stats.decode_tokens, fresh=False)
+            if tel.samples or tel.temps_c or tel.energy_j is not None:
+                ev = replace(ev, telemetry=tel.as_dict())
+        self.sink(ev)
+
+    def stop(self) -> None:
+        self.sampler.stop()
+
+
 def open_writer(args, kind: str):
     if getattr(args, "no_store", False):
         return None
     from app.store import StoreWriter
 
-    return StoreWriter(db_path(args), kind=kind)
+    return Stored(StoreWriter(db_path(args), kind=kind))
+
+
+class Stored:
+    """The store's writer behind a TelemetryTap: call it with events; end_session / close as the writer's."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.path = writer.path
+        self.tap = TelemetryTap(writer)
+
+    def __call__(self, ev: Event) -> None:
+        self.tap(ev)
+
+    @property
+    def turn_ms(self) -> list[float]:
+        return self.writer.turn_ms
+
+    def end_session(self, sid: str) -> None:
+        self.writer.end_session(sid)
+
+    def close(self) -> None:
+        self.tap.stop()
+        self.writer.close()
 
 
 def drive(agent, events: Callable[[], Iterator[Event]], on_event: Callable[[Event], None]) -> bool:
@@ -283,96 +337,3 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
         if writer:
             writer.end_session(agent.session_id)
             writer.close()
-
-
-# ---- kvdeck replay ID --with ... -----------------------------------------------------------------
-class Ledger:
-    """Collects a replay's engine_calls rows (as the store has them) and its answers."""
-
-    def __init__(self):
-        self.calls: list[dict] = []
-        self.answers: list[str | None] = []
-
-    def __call__(self, ev: Event) -> None:
-        from app.events import KVSnapshot
-        from app.store.writer import call_row, snapshot_columns
-
-        if isinstance(ev, EngineCallFinished):
-            self.calls.append(call_row(ev.session_id, ev))
-        elif isinstance(ev, KVSnapshot) and self.calls and self.calls[-1]["call"] == ev.call:
-            self.calls[-1] |= snapshot_columns(ev)
-        elif isinstance(ev, TurnFinished):
-            self.answers.append(ev.answer)
-        elif isinstance(ev, TurnFailed):
-            self.answers.append(None)
-
-
-def replay(args, toolbox: Toolbox) -> int:
-    """`kvdeck replay ID|FILE [--with k=v,...|--rerun] [--json]`. A FILE (an export) is imported first."""
-    import json
-
-    from app.config import parse_changes
-    from app.engine import SamplingParams
-    from app.store import Store, new_id
-    from app.store import replay as rp
-    from app.store.export import import_file
-
-    store = Store.open(db_path(args))
-    if Path(args.id).is_file():
-        sid = json.loads(Path(args.id).read_text()).get("session", {}).get("id", "")
-        if not sid or not store.db.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone():
-            sid = import_file(store, args.id)
-    else:
-        sid = store.resolve(args.id)
-    run = store.run_config(sid)
-    src_calls, turns = store.rows("engine_calls", sid), rp.recorded_turns(store, sid)
-    src_answers = [t.answer for t in turns]
-    if args.with_ is None and not args.rerun:
-        from app.store.cli import show
-
-        show(store, sid)
-        return 0
-    new_run = run.with_(**parse_changes(args.with_ or ""))
-    eng = engine_for(new_run)
-    ledger, writer, new_sid = Ledger(), (None if args.no_store else open_writer(args, "replay")), new_id()
-    exe = rp.recorded_executor(store, sid)
-    agent = make_agent(eng, toolbox, sampling=SamplingParams(new_run.temperature, new_run.top_k, new_run.top_p,
-                                                             new_run.seed),
-                       session_id=new_sid, executor=exe, system_prompt=rp.system_prompt_of(store, sid),
-                       tool_names=new_run.tools, run=new_run, clock=rp.recorded_clock(turns))
-    label = args.with_ or "its own configuration"
-    if not args.json:
-        sys.stderr.write(f"replaying {sid[:7]} ({len(turns)} turns) under {label}…\n")
-    sink = (lambda ev: (writer(ev), ledger(ev))) if writer else ledger
-    try:
-        start(agent, writer, prewarm=new_run.prewarm, title=f"replay of {sid[:7]} with {label}", parent_id=sid,
-              model=new_run.model, sink=ledger)
-        for t in turns:
-            if drive(agent, lambda t=t: agent.run_turn(t.user_text, t.tool_choice), sink):
-                sys.stderr.write("kvdeck: replay interrupted\n")
-                return 130
-    finally:
-        agent.close()
-        if writer:
-            writer.end_session(new_sid)
-            writer.close()
-    cmp = rp.compare(rp.summary(src_calls, src_answers), rp.summary(ledger.calls, ledger.answers))
-    cmp |= {"source_id": sid, "replay_id": new_sid if writer else None, "with": args.with_ or "",
-            "tool_mismatches": exe.mismatches, "source_run": run.as_dict(), "replay_run": new_run.as_dict()}
-    if args.json:
-        sys.stdout.write(json.dumps(cmp | {"source_calls": src_calls, "replay_calls": ledger.calls}, default=str) + "\n")
-        return 0
-    a_label = f"{run.weight_format}/{run.kv_format} cache {'on' if run.prefix_cache else 'off'} " \
-              f"prewarm {'on' if run.prewarm else 'off'}"
-    b_label = f"{new_run.weight_format}/{new_run.kv_format} cache {'on' if new_run.prefix_cache else 'off'} " \
-              f"prewarm {'on' if new_run.prewarm else 'off'}"
-    for line in rp.side_by_side(src_calls, ledger.calls, f"source {sid[:7]}: {a_label}", f"replay: {b_label}"):
-        print(line)
-    print()
-    for line in rp.summary_table(cmp, a_label, b_label):
-        print(line)
-    for m in exe.mismatches:
-        print(f"note: {m}")
-    if writer:
-        print(f"replay stored as session {new_sid[:7]} (parent {sid[:7]})")
-    return 0
