@@ -47,9 +47,8 @@ def connect(path: str | os.PathLike) -> Database:
     if str(p) != ":memory:":
         db.enable_wal()
     db.execute("PRAGMA synchronous = NORMAL")  # WAL: a commit survives a process crash; fsync at checkpoints
-    with _immediate(db):
-        pass
-    migrations.apply(db)
+    with _immediate(db):  # one process migrates at a time (each migration nests as a savepoint)
+        migrations.apply(db)
     return db
 
 
