@@ -6,9 +6,9 @@ Each case runs `load_engine` in a fresh interpreter and reads VmRSS / VmHWM from
 the weight upload alone (the peak counter is reset just before it, where the kernel allows).
 Measured on smollm2-135m (MiB; folder = all files of the format folder):
 
-    format  folder  baseline  whole-load net peak  upload net peak  uploaded
-    nvfp4   127.8   34.0      181.7 (1.42x)        124.3 (0.97x)    126.3
-    f16     258.2   34.0      313.6 (1.21x)        256.5 (0.99x)    256.6
+    format  folder  baseline  whole-load peak (net)  upload net peak  uploaded
+    nvfp4   127.8   30.7      215.7 (184.9, 1.45x)   124.0 (0.98x)    126.3
+    f16     258.2   30.8      347.9 (317.1, 1.23x)   256.5 (1.00x)    256.6
 
 The whole-load figure adds two costs that do not scale with the weights: the tokenizer
 (~33 MiB resident) and the engine's prefill workspace (~28 MiB at max_chunk 512). The old
