@@ -68,6 +68,16 @@ def replay(args, toolbox: Toolbox) -> int:
                                                              new_run.seed),
                        session_id=new_sid, executor=exe, system_prompt=rp.system_prompt_of(store, sid),
                        tool_names=new_run.tools, run=new_run, clock=rp.recorded_clock(turns))
+    notes = []
+    recorded_static = [i for m in store.conversation(sid) if m[0] == 0 for i in m[3]]
+    if recorded_static and agent.prompt.ids[: agent.prompt.segments[1].end] != recorded_static:
+        notes.append("the system prompt or tool schemas differ from the recording (tools changed since): "
+                     "the replay's prompts are not the recorded ones")
+    if run.model_sha256 and new_run.weight_format == run.weight_format:
+        from app.config import file_sha256
+
+        if file_sha256(eng.folder / "model.safetensors") != run.model_sha256:
+            notes.append(f"the {new_run.weight_format} weights differ from the recorded ones (sha256)")
     label = args.with_ or "its own configuration"
     if not args.json:
         sys.stderr.write(f"replaying {sid[:7]} ({len(turns)} turns) under {label}…\n")
@@ -86,7 +96,7 @@ def replay(args, toolbox: Toolbox) -> int:
             writer.close()
     cmp = rp.compare(rp.summary(src_calls, src_answers), rp.summary(ledger.calls, ledger.answers))
     cmp |= {"source_id": sid, "replay_id": new_sid if writer else None, "with": args.with_ or "",
-            "tool_mismatches": exe.mismatches, "source_run": run.as_dict(), "replay_run": new_run.as_dict()}
+            "tool_mismatches": exe.mismatches, "notes": notes, "source_run": run.as_dict(), "replay_run": new_run.as_dict()}
     if args.json:
         sys.stdout.write(json.dumps(cmp | {"source_calls": src_calls, "replay_calls": ledger.calls}, default=str) + "\n")
         return 0
@@ -99,7 +109,7 @@ def replay(args, toolbox: Toolbox) -> int:
     print()
     for line in rp.summary_table(cmp, a_label, b_label):
         print(line)
-    for m in exe.mismatches:
+    for m in exe.mismatches + notes:
         print(f"note: {m}")
     if writer:
         print(f"replay stored as session {new_sid[:7]} (parent {sid[:7]})")

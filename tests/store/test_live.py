@@ -114,7 +114,7 @@ def test_replay_reproduces_the_recorded_ledger_and_answers(root, tmp_path, capsy
     key = lambda c: (c["turn"], c["call"], c["kind"], c["prompt_tokens"], c["cached_tokens"], c["computed_tokens"])  # noqa: E731
     assert [key(c) for c in cmp["replay_calls"]] == [key(c) for c in recorded]
     assert cmp["identical_answers"] and cmp["replay"]["answers"] == [t["answer"] for t in store.rows("turns", src)]
-    assert cmp["tool_mismatches"] == []
+    assert cmp["tool_mismatches"] == [] and cmp["notes"] == []
     rep = cmp["replay_id"]
     assert store.db["sessions"].get(rep)["parent_id"] == src
     assert [r["outcome"] for r in store.rows("tool_results", rep)] == ["replayed"]
