@@ -56,7 +56,8 @@ def _int(hf: dict, key: str, path: Path, default: int | None = None, minimum: in
 
 
 def _pos_float(v: Any, key: str, path: Path, above: float = 0.0, most: float = math.inf) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not above < v <= most:
+    if (not isinstance(v, (int, float)) or isinstance(v, bool) or not above < v <= min(most, 1.7e308)
+            or not math.isfinite(v)):  # the range test first: math.isfinite(10**400) overflows
         rng = f"a finite number above {above:g}" + (f" and at most {most:g}" if most < math.inf else "")
         raise ModelError(f"{path}: field '{key}' should be {rng}, got {v!r}")
     return float(v)

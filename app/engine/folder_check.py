@@ -40,7 +40,10 @@ def _is_int(v: Any) -> bool:
 
 
 def _positive_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    """A positive int or float that is finite as a float64 (10**400 is not)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    return v > 0 and v <= 1.7e308 and math.isfinite(v)
 
 
 def check_config_fields(raw: Any, f: Path) -> None:

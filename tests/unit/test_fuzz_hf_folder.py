@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
@@ -32,15 +32,17 @@ from models.hf_source import load_hf_folder
 from models.writer import write_format
 from tests.unit.test_models_errors import make_hf_folder
 
+from tests.unit._fuzz import fuzz_settings  # noqa: E402
+
 STATS: Counter = Counter()
-FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(120)
 RECIPE = {"nvfp4_block": 16, "w4a8_group": 32}
 HF_KEYS = ["architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
            "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta",
            "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id", "rope_scaling",
            "rope_parameters", "mlp_bias"]
 odd_values = st.one_of(
-    st.integers(-3, 40), st.sampled_from([0, 2**31, 2**64, 260, 8, 16, 32]), st.floats(allow_nan=True),
+    st.integers(-3, 40), st.sampled_from([0, 2**31, 2**64, 10**400, 260, 8, 16, 32]), st.floats(allow_nan=True),
     st.booleans(), st.none(), st.text(max_size=4), st.lists(st.integers(-2, 300), max_size=2),
     st.sampled_from([["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["GPT2"], "LlamaForCausalLM", [3]]),
     st.fixed_dictionaries({"rope_type": st.sampled_from(["llama3", "yarn", "default"]),
@@ -147,7 +149,7 @@ def test_damaged_hf_folder(source, data):
             np.testing.assert_array_equal(w, ref[n].astype(np.float32), err_msg=n)
         out = write_format(src, "f32", Path(d) / "out", RECIPE)
         logits = load_engine(out, max_context=32).logits([0, 1, 2])
-        if all(np.isfinite(w).all() for w in got.values()):  # a flipped exponent may make inf
+        if all(np.abs(w).max() < 100 for w in got.values()):  # a flipped exponent may overflow
             assert np.isfinite(logits).all()
 
 

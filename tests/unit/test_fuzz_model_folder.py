@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
@@ -33,8 +33,10 @@ from app.engine import EngineError, load_engine
 from models.fetch import convert
 from tests.unit.test_models_errors import make_hf_folder
 
+from tests.unit._fuzz import fuzz_settings  # noqa: E402
+
 STATS: Counter = Counter()
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(40)
 IDS = [0, 5, 17, 259, 3]
 CONFIG_KEYS = ["format_version", "architecture", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rope_theta",
@@ -90,7 +92,7 @@ def test_clean_folders_load(folders):
 
 # ---- config.json ------------------------------------------------------------------------------
 odd_values = st.one_of(
-    st.integers(-5, 40), st.sampled_from([0, -1, 2**31, 2**63, 10**30]), st.floats(allow_nan=True),
+    st.integers(-5, 40), st.sampled_from([0, -1, 2**31, 2**63, 10**30, 10**400]), st.floats(allow_nan=True),
     st.booleans(), st.none(), st.text(max_size=5), st.sampled_from(["llama", "qwen2", "f32", "nvfp4", "1"]),
     st.lists(st.integers(-2, 300), max_size=3),
     st.fixed_dictionaries({"rope_type": st.sampled_from(["llama3", "yarn", "default", 3]),
@@ -121,11 +123,12 @@ def test_damaged_config(folders, fmt, data):
             return
         c = eng.config
         for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "vocab_size", "rope_theta", "rms_norm_eps",
-                    "tie_word_embeddings", "bos_token_id", "eos_token_id"):
+                    "num_key_value_heads", "vocab_size", "rope_theta", "rms_norm_eps", "bos_token_id",
+                    "eos_token_id"):
             if key in raw:
-                assert getattr(c, key) == raw[key], key
-        for key in ("attention_bias", "qk_norm"):
+                want = float(raw[key]) if key in ("rope_theta", "rms_norm_eps") else raw[key]
+                assert getattr(c, key) == want, key
+        for key in ("tie_word_embeddings", "attention_bias", "qk_norm"):  # null: the default
             if raw.get(key) is not None:
                 assert getattr(c, key) is raw[key], key
         assert c.chat_template == (raw.get("chat_template") or "")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from app.engine.errors import EngineError
@@ -36,8 +36,10 @@ from models.safetensors_check import parse_header as converter_parse
 torch = pytest.importorskip("torch")
 from safetensors.torch import load as reference_load  # noqa: E402
 
+from tests.unit._fuzz import fuzz_settings  # noqa: E402
+
 STATS: Counter = Counter()  # examples per mutation kind and verdict, printed by the last test
-FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(30)
 NAMES = ["a", "model.norm.weight", "w.codes", "x.y", "é", ""]
 
 # ---- writing files ----------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def test_parsers_agree_with_each_other_and_with_the_reference(mutation, data):
         del sf
 
 
-@settings(FUZZ, max_examples=60)
+@fuzz_settings(60)
 @given(valid_files(), st.data())
 def test_flipped_data_bytes_are_read_where_the_header_says(case, data):
     """A flip in the data region keeps the file valid: the changed bytes land in exactly the
