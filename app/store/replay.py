@@ -106,8 +106,10 @@ def summary(calls: list[dict], answers: list[str | None]) -> dict:
     cumulative computed prefill tokens, decode tok/s, peak KV bytes."""
     dec_t = sum(c["decode_s"] or 0 for c in calls)
     dec_n = sum(c["decode_tokens"] or 0 for c in calls)
-    peak = max(((c["kv_used_pages"] or 0) * (c["kv_block"] or 16) * (c["kv_bytes_per_token"] or 0) for c in calls),
-               default=0)
+    # The KV a call needed: the pool's used pages after it (the cache keeps them), and at least the
+    # pages of its own sequence (prompt + output; with the cache off they are freed when it ends).
+    peak = max((max((c["kv_used_pages"] or 0) * (c["kv_block"] or 16), (c["prompt_tokens"] or 0) + (c["output_tokens"] or 0))
+                * (c["kv_bytes_per_token"] or 0) for c in calls), default=0)
     return {
         "calls": len(calls),
         "ttft_s": [round(c["ttft_s"] or 0, 4) for c in calls],
@@ -133,9 +135,10 @@ def side_by_side(a_calls: list[dict], b_calls: list[dict], a_label: str, b_label
     head = f"{'turn':>4} {'call':>4} {'kind':<8} | {'prompt':>6} {'cached':>6} {'comp':>6} {'ttft_s':>7} " \
            f"| {'prompt':>6} {'cached':>6} {'comp':>6} {'ttft_s':>7}"
     lines = [f"{'':<19}| {a_label:<29}| {b_label}", head]
-    for i in range(max(len(a_calls), len(b_calls))):
-        a = a_calls[i] if i < len(a_calls) else None
-        b = b_calls[i] if i < len(b_calls) else None
+    by_a = {(c["turn"], c["call"]): c for c in a_calls}
+    by_b = {(c["turn"], c["call"]): c for c in b_calls}
+    for key in sorted(set(by_a) | set(by_b)):  # calls are numbered alike: the pre-warm is call 0
+        a, b = by_a.get(key), by_b.get(key)
         ref = a or b
 
         def cols(c):
@@ -165,5 +168,7 @@ def summary_table(cmp: dict, a_label: str, b_label: str) -> list[str]:
     out = [f"{'':<26}{a_label:<{w}}{b_label}"] + [f"{n:<26}{x:<{w}}{y}" for n, x, y in rows]
     if a["total_s"] and b["total_s"]:
         out.append(f"{'replay time / source time':<26}{b['total_s'] / a['total_s']:.2f}x")
-    out.append(f"{'identical answers':<26}{'yes' if cmp['identical_answers'] else 'no'}")
+    same = [x == y for x, y in zip(a["answers"], b["answers"])]
+    out.append(f"{'identical answers':<26}{'yes' if cmp['identical_answers'] else 'no'} "
+               f"({sum(same)} of {max(len(a['answers']), len(b['answers']))} turns)")
     return out

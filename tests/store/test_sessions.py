@@ -135,3 +135,17 @@ def test_two_processes_writing_one_database_lose_nothing(tmp_path):
     store = Store.open(path)
     assert _count(store) == (16, 48, 16 * (2 + 3 * 4), 16 * 7)
     assert {r["statuses"] for r in store.list_sessions(100)} == {"complete"}
+
+
+def test_the_shipped_seed000_session_imports_with_its_ledger(tmp_path):
+    store = Store.open(tmp_path / "a.db")
+    sid = import_file(store, ROOT / "assets" / "sessions" / "seed000.json")
+    run = store.run_config(sid)
+    assert (run.model, run.weight_format, run.kv_format, run.prefix_cache, run.prewarm) == \
+        ("smollm2-135m", "nvfp4", "f16", True, True)
+    calls = store.rows("engine_calls", sid)
+    assert calls[0]["kind"] == "prewarm" and calls[0]["computed_tokens"] == calls[0]["prompt_tokens"]
+    assert [t["status"] for t in store.rows("turns", sid)] == ["complete"] * 4
+    steady = sum(c["cached_tokens"] for c in calls[1:]) / sum(c["prompt_tokens"] for c in calls[1:])
+    assert steady > 0.9  # the recorded reuse of the task's own calls
+    assert len(store.rows("tool_results", sid)) == 3
