@@ -16,9 +16,11 @@ engine's idle figure. Level 0 is always measured.
 Fairness: the same thread count for both (all cores unless --threads), the same token ids
 (fixed-seed random ids from the ordinary vocabulary), an f16 KV cache for both, one warm-up per
 engine, then --reps repetitions in which every measurement runs on each engine in turn (A B A B,
-the order rotated each repetition) so that a busy phase of a shared machine hits all engines;
-the median of the repetitions. Also printed: the CPU's SIMD flags, the machine's memory copy
+the order rotated each repetition) so that a busy phase of a shared machine hits all engines
+alike; each figure is the fastest of its repetitions (the one least disturbed by other work on
+a shared machine; every repetition is in the --json output). Also printed: the CPU's SIMD flags, the machine's memory copy
 bandwidth, and the weight bytes each engine reads per decode token (app/bench/weightbytes.py).
+The runners and the interleaved schedule live in app/bench/schedule.py.
 """
 from __future__ import annotations
 
@@ -26,58 +28,21 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from app.bench import peer
 from app.bench.load import BusyLoad
+from app.bench.schedule import (FULL, KV, LOAD, LOAD_QUICK, MODEL, QUICK, KvdeckRunner, Plan, best_of,
+                                fastest, label, measure, progress)
 from app.bench.weightbytes import gguf_weight_bytes, kvdeck_weight_bytes
 
-MODEL = "smollm2-135m"
 FORMATS = ("nvfp4", "w4a8", "f16")
-KV = "f16"                      # our KV pages in f16, as llama.cpp's default cache type
 SEED = 1234
 TOKEN_RANGE = (256, 49000)      # ordinary (non-special) ids of the SmolLM2 vocabulary
-BUSY_MAX_S = 600.0              # lifetime of a busy process (killed earlier, at its level's end)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one run measures: prefill lengths, decode contexts, decoded tokens per decode run."""
-    prefill: tuple[int, ...]
-    decode_ctx: tuple[int, ...]
-    decode_tokens: int
-
-    def figures(self) -> list[str]:
-        return [f"prefill_{n}" for n in self.prefill] + [f"decode_{c}" for c in self.decode_ctx]
-
-    def tokens(self, figure: str) -> int:
-        kind, n = figure.split("_")
-        return int(n) if kind == "prefill" else self.decode_tokens
-
-    @property
-    def n_ctx(self) -> int:
-        return max(self.prefill + self.decode_ctx) + self.decode_tokens
-
-    @property
-    def n_batch(self) -> int:
-        return max(self.prefill + self.decode_ctx)
-
-
-FULL = Plan(prefill=(512, 2048), decode_ctx=(32, 2048), decode_tokens=128)
-QUICK = Plan(prefill=(128,), decode_ctx=(32,), decode_tokens=16)
-LOAD = Plan(prefill=(), decode_ctx=(32,), decode_tokens=128)
-LOAD_QUICK = Plan(prefill=(), decode_ctx=(32,), decode_tokens=16)
-
-
-def label(figure: str) -> str:
-    kind, n = figure.split("_")
-    return f"prefill {n}" if kind == "prefill" else f"decode@{n}"
+BUSY_MAX_S = 900.0              # lifetime of a busy process (killed earlier, at its level's end)
 
 
 # ============================================================================
@@ -105,79 +70,6 @@ def load_avg() -> float | None:
         return os.getloadavg()[0]
     except OSError:
         return None
-
-
-# ============================================================================
-# kvdeck runner and the interleaved schedule
-# ============================================================================
-class KvdeckRunner:
-    """One kvdeck engine (one weight format) with the same timing calls as peer.LlamaRunner.
-
-    Calls forward on fresh sequences directly (no prefix-cache lookup: every prefill computes).
-    """
-
-    def __init__(self, fmt: str, ids: np.ndarray, threads: int, n_ctx: int):
-        from app.engine import _native, load_engine
-
-        self.name, self.fmt, self.ids = f"kvdeck {fmt}", fmt, ids
-        self.engine = load_engine(MODEL, weights=fmt, kv=KV, threads=threads, max_context=n_ctx)
-        self.nat = self.engine.native
-        self.isa = _native.kernels.kernel_isa()
-
-    def prefill(self, n: int) -> float:
-        return self.prefill_decode(n, 0)[0]
-
-    def prefill_decode(self, ctx: int, n_decode: int) -> tuple[float, float]:
-        seq = self.nat.open_sequence()
-        try:
-            t0 = time.perf_counter()
-            self.nat.forward(seq, self.ids[:ctx], False)
-            t1 = time.perf_counter()
-            for i in range(ctx, ctx + n_decode):
-                self.nat.forward(seq, self.ids[i:i + 1], False)
-            return t1 - t0, time.perf_counter() - t1
-        finally:
-            self.nat.close_sequence(seq)
-
-    def close(self) -> None:
-        self.engine = self.nat = None
-
-
-def measure(runners: list, plan: Plan, reps: int, warmup: bool = True) -> dict[str, dict[str, float]]:
-    """tok/s per runner name per figure: the median of reps, the runners interleaved.
-
-    Each repetition runs every step on every runner before the next step (the runner order
-    rotated by one each repetition). A decode step's timed prefill is also the prefill figure
-    of that length when the plan has one.
-    """
-    steps = [("prefill", n) for n in plan.prefill if n not in plan.decode_ctx]
-    steps += [("decode", c) for c in plan.decode_ctx]
-    secs = {r.name: {f: [] for f in plan.figures()} for r in runners}
-    if warmup:
-        for r in runners:
-            r.prefill_decode(min(plan.decode_ctx), min(8, plan.decode_tokens))
-    for rep in range(reps):
-        k = rep % len(runners)
-        for kind, n in steps:
-            for r in runners[k:] + runners[:k]:
-                if kind == "prefill":
-                    secs[r.name][f"prefill_{n}"].append(r.prefill(n))
-                    continue
-                t_pre, t_dec = r.prefill_decode(n, plan.decode_tokens)
-                secs[r.name][f"decode_{n}"].append(t_dec)
-                if n in plan.prefill:
-                    secs[r.name][f"prefill_{n}"].append(t_pre)
-    return {name: {f: plan.tokens(f) / statistics.median(v) for f, v in figs.items()}
-            for name, figs in secs.items()}
-
-
-def best_of(rates: dict[str, dict[str, float]], names: dict[str, str], figures: list[str]) -> dict:
-    """{figure: {"tok_s", "setting"}}: the best of several runners (names: runner -> setting)."""
-    out = {}
-    for f in figures:
-        win = max(names, key=lambda n: rates[n][f])
-        out[f] = {"tok_s": rates[win][f], "setting": names[win]}
-    return out
 
 
 # ============================================================================
@@ -240,7 +132,9 @@ def run_table(args, plan: Plan, ids, say, out: dict) -> None:
         out["llama_cpp"] = info
         for q in (files if peers else ()):
             say(bytes_line(f"llama.cpp {q}", info["weight_bytes"][q]))
-        rates = measure(ours + (peers or []), plan, args.reps)
+        samples = measure(ours + (peers or []), plan, args.reps)
+        rates = fastest(samples)
+        out["samples_tok_s"] = samples
     finally:
         for r in ours + (peers or []):
             r.close()
@@ -295,11 +189,14 @@ def run_load(args, levels: list[int], plan: Plan, ids, say, out: dict) -> None:
     try:
         for n in levels:
             before = load_avg()
-            with BusyLoad(n, BUSY_MAX_S if not args.quick else 60.0) as busy:
-                rates = measure([ours] + (peers or []), plan, args.reps)
+            progress(f"load level {n} busy process(es)")
+            with BusyLoad(n, BUSY_MAX_S) as busy:
+                samples = measure([ours] + (peers or []), plan, args.reps)
+                rates = fastest(samples)
                 if not busy.all_alive():
                     raise RuntimeError(f"a busy process ended before level {n}'s measurement did")
-            row = {"busy": n, "load_avg_1min_before": before, "kvdeck": rates[ours.name][fig]}
+            row = {"busy": n, "load_avg_1min_before": before, "kvdeck": rates[ours.name][fig],
+                   "samples_tok_s": {name: v[fig] for name, v in samples.items()}}
             if peers:
                 b = best_of(rates, names["Q4_0"], [fig])[fig]
                 row.update(llama_cpp=b["tok_s"], llama_cpp_setting=b["setting"],
@@ -342,7 +239,8 @@ def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvdeck bench cpu", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both engines")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per figure (median; default 3)")
+    ap.add_argument("--reps", type=int, help="timed repetitions per figure, the fastest reported "
+                    "(default 2; 3 with --load)")
     ap.add_argument("--formats", default=",".join(FORMATS), help="kvdeck formats to run (load mode: the first)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--q4-1", action="store_true", help="also run llama.cpp on the shipped Q4_1 file")
@@ -352,6 +250,8 @@ def run(argv: list[str]) -> int:
     args.formats = ["nvfp4"] if args.quick else args.formats.split(",")
     if args.quick:
         args.reps = 1
+    elif args.reps is None:
+        args.reps = 3 if args.load is not None else 2
     if args.reps < 1 or args.threads < 1:
         ap.error("--reps and --threads must be >= 1")
     levels = _levels(args.load) if args.load is not None else None
@@ -367,7 +267,7 @@ def run(argv: list[str]) -> int:
            "plan": {"prefill": plan.prefill, "decode_ctx": plan.decode_ctx,
                     "decode_tokens": plan.decode_tokens, "figures": plan.figures()},
            "kvdeck": {}, "llama_cpp": None}
-    say(f"kvdeck bench cpu — {MODEL}, {args.threads} threads (both engines), median of {args.reps} "
+    say(f"kvdeck bench cpu — {MODEL}, {args.threads} threads (both engines), fastest of {args.reps} "
         f"interleaved repetitions after a warm-up; same token ids (seed {SEED}); KV cache f16 (both)")
     la_text = f"{la:.2f}" if la is not None else "unknown"
     say(f"CPU: {facts['model']}, {facts['cores']} cores; flags: {' '.join(facts['flags'])}; "

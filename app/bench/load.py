@@ -2,8 +2,9 @@
 
 `BusyLoad(n, max_s)` is a context manager that starts n child processes, each a pure Python
 integer loop (no I/O, no memory traffic to speak of, no syscalls but a clock read every 64 Ki
-iterations), and kills them on exit. Every child also ends itself after max_s seconds, so a
-bench that dies (SIGKILL, a crash) cannot leave a spinning process behind for longer than that.
+iterations), and kills them on exit. Every child also ends itself after max_s seconds and, on
+Linux, is killed by the kernel when the bench process dies (SIGKILL, a crash), so no spinning
+process outlives the bench.
 The bench owns the children; nothing else may signal them.
 """
 
@@ -14,9 +15,18 @@ import subprocess
 import sys
 import time
 
-# argv[1]: the child's lifetime in seconds. The clock is read once per 65536 additions.
+# argv[1]: the child's lifetime in seconds, argv[2]: the parent's pid. On Linux the child also
+# asks to be killed when its parent dies (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9). The clock
+# is read once per 65536 additions.
 _BUSY_CODE = (
-    "import sys, time\n"
+    "import os, sys, time\n"
+    "try:\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None).prctl(1, 9)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    sys.exit(0)\n"
     "end = time.monotonic() + float(sys.argv[1])\n"
     "x = 0\n"
     "while True:\n"
@@ -61,7 +71,7 @@ class BusyLoad:
         try:
             for _ in range(self.n):
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-S", "-c", _BUSY_CODE, str(self.max_s)],
+                    [sys.executable, "-S", "-c", _BUSY_CODE, str(self.max_s), str(os.getpid())],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + SPIN_UP_TIMEOUT_S
             for p in self.procs:

@@ -108,15 +108,16 @@ class LlamaRunner:
     def __init__(self, llama_cpp, path: Path, setting: PeerSetting, ids: np.ndarray,
                  threads: int, n_ctx: int, n_batch: int, name: str):
         self.lc, self.setting, self.name = llama_cpp, setting, name
-        self.llm = llama_cpp.Llama(
-            model_path=str(path), n_ctx=n_ctx, n_batch=max(n_batch, setting.n_ubatch),
+        n_batch = max(n_batch, setting.n_ubatch)
+        self.llm = llama_cpp.Llama(   # Llama caps n_batch at n_ctx and n_ubatch at n_batch
+            model_path=str(path), n_ctx=max(n_ctx, n_batch), n_batch=n_batch,
             n_ubatch=setting.n_ubatch, n_threads=threads, n_threads_batch=threads,
             verbose=False, **_flash_kwargs(llama_cpp, setting.flash_attn))
-        cp = self.llm.context_params
-        if cp.n_ubatch != setting.n_ubatch or _flash_is(llama_cpp, cp) != setting.flash_attn:
-            raise RuntimeError(f"llama.cpp context for {name}: asked {setting.label}, got "
-                               f"n_ubatch {cp.n_ubatch}, flash attention {_flash_is(llama_cpp, cp)}")
         self.ctx = self.llm.ctx
+        got_ub, got_fa = llama_cpp.llama_n_ubatch(self.ctx), _flash_is(llama_cpp, self.llm.context_params)
+        if got_ub != setting.n_ubatch or got_fa != setting.flash_attn:
+            raise RuntimeError(f"llama.cpp context for {name}: asked {setting.label}, got "
+                               f"n_ubatch {got_ub}, flash attention {got_fa}")
         self.tok = (llama_cpp.llama_token * len(ids))(*[int(t) for t in ids])
 
     def _decode(self, start: int, n: int) -> None:
