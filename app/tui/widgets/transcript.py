@@ -24,11 +24,16 @@ def _args(value) -> str:
         return repr(value)
 
 
+SHOW_CHARS = 800  # a longer message shows its start and its size: laying out 20k chars stalls the UI
+
+
 def _entry_text(e: Entry) -> Text:
     who, style = _ROLE.get(e.kind, (e.kind, ""))
     t = Text()
     t.append(f"{who:>5} ", style=style)
     body = e.text if e.text else ("…" if not e.done else "")
+    if len(body) > SHOW_CHARS:
+        body = f"{body[:SHOW_CHARS]}… ({len(body)} characters)"
     t.append(body, style="italic" if e.kind == "notice" else "")
     if e.kind == "answer" and not e.done:
         t.append("▌", style="blink")
