@@ -301,7 +301,8 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
         if resume:
             system = next((m[2] for m in resume[1] if m[0] == 0 and m[1] == "system"), system)
         return make_agent(eng, toolbox, sampling=args.sampling, max_tokens=args.max_tokens, session_id=session_id,
-                          system_prompt=system, tools=not args.no_tools, run=resume[0] if resume else None)
+                          system_prompt=system, tools=not args.no_tools, run=resume[0] if resume else None,
+                          tool_names=resume[0].tools if resume and not args.no_tools else None)
 
     agent = new_agent(sid)
     if resume:

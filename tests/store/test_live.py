@@ -162,3 +162,17 @@ def test_ctrl_c_cancels_the_reply_and_the_chat_goes_on(root, tmp_path):
     # the cancelled turn was rolled back: turn 2's prompt holds no trace of turn 1's long message
     assert calls[1]["prompt_tokens"] < calls[0]["prompt_tokens"] - 150  # the long message: ~190 tokens
     assert [m[0] for m in store.conversation(sid)] == [0, 0, 2, 2]
+
+
+def test_chat_says_when_the_pool_is_too_small_and_keeps_the_session(root, tmp_path):
+    db = tmp_path / "p.db"
+    lines = "Hello.\n" + "Tell me about the fans. " * 80 + "\nHi again.\n\n"
+    chat = subprocess.run(
+        [sys.executable, "-m", "app", "chat", "--db", str(db), "--kv-pages", "30", "--no-tools", "--no-prewarm",
+         "--max-tokens", "6", "--threads", "1", "--tool-choice", "none"],
+        input=lines, capture_output=True, cwd=tmp_path, env=_env(tmp_path), text=True, timeout=300)
+    assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
+    assert "turn failed" in chat.stderr and "fit" in chat.stderr, chat.stderr  # a message, then the chat goes on
+    store = Store.open(db)
+    (sid,) = [r["id"] for r in store.list_sessions()]
+    assert [t["status"] for t in store.rows("turns", sid)] == ["complete", "failed", "complete"]
