@@ -342,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("sessions", help="stored sessions (kvdeck sessions --help)")
     sub.add_parser("models", help="fetch / convert models (kvdeck models --help)")
     sub.add_parser("bench", help="benchmarks (kvdeck bench --help)")
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["console", *argv]  # `kvdeck [--model …]` opens the console
     args = parser.parse_args(argv)
-    if args.cmd is None:
-        args = parser.parse_args(["console", *argv])
     from app.config import ConfigError
     from app.engine import EngineError
     from app.store import StoreError
