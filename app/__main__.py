@@ -234,8 +234,9 @@ def cmd_replay(args) -> int:
     return replay(_prep(args), _toolbox)
 
 
-def _console_builder(args):
-    """The console's Builder: ConsoleOptions → (engine, agent), as _load/_agent compose them."""
+def _console_builder(args, writer=None):
+    """The console's Builder: ConsoleOptions → (engine, agent[, SessionHooks]), as _load/_agent
+    compose them; with a store `writer` every session is stored (SessionStarted … end_session)."""
 
     def build(opts, progress):
         import tools
@@ -254,8 +255,24 @@ def _console_builder(args):
         limits = AgentLimits(max_steps=a.max_steps, max_tokens=min(opts.max_tokens, a.max_tokens), follow_up=a.follow_up)
         from app.agent.budget import BudgetPolicy
 
-        return eng, Agent(eng, Toolkit(fns, timeout_s=a.tool_timeout_s), limits=limits, sampling=_sampling(args),
-                          budget=BudgetPolicy(a.trim_low_water, a.context_tokens))
+        sid = ""
+        if writer is not None:
+            from app.store import new_id
+
+            sid = new_id()
+        agent = Agent(eng, Toolkit(fns, timeout_s=a.tool_timeout_s), limits=limits, sampling=_sampling(args),
+                      budget=BudgetPolicy(a.trim_low_water, a.context_tokens), session_id=sid)
+        if writer is None:
+            return eng, agent
+        from app.chat import start
+        from app.tui import SessionHooks
+
+        def begin(ag):
+            first: list = []
+            start(ag, writer, prewarm=opts.prewarm, title="console", sink=first.append)
+            return first
+
+        return eng, agent, SessionHooks(start=begin, on_event=writer, end=lambda ag: writer.end_session(ag.session_id))
 
     return build
 
@@ -267,14 +284,22 @@ def cmd_console(args) -> int:
 
     s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
     opts = ConsoleOptions(model=s.model, weights=s.weights, kv=s.kv, threads=s.threads, max_tokens=args.max_tokens,
-                          prewarm=not args.no_prewarm, tool_choice=args.tool_choice, tools=not args.no_tools)
+                          prewarm=not args.no_prewarm, tool_choice=args.tool_choice, tools=not args.no_tools,
+                          kv_pages=args.kv_pages or 0)
+    from app.chat import db_path
+    from app.store import Store, StoreWriter
     from app.telemetry import Sampler
 
+    writer = None if args.no_store else StoreWriter(db_path(args), kind="console")
+    store = Store.open(db_path(args)) if writer is not None else None  # the sessions screen reads it
     sampler = Sampler(interval=1.0).start()  # the power panel's readings and each call's energy
     try:
-        return run_console(_console_builder(args), opts, theme=args.theme, telemetry=sampler)
+        return run_console(_console_builder(args, writer), opts, theme=args.theme, telemetry=sampler, store=store)
     finally:
         sampler.stop()
+        if writer is not None:
+            writer.close()
+            store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p_con.add_argument("--no-tools", action="store_true", help="no tools: a plain chat with the model")
     p_con.add_argument("--no-prewarm", action="store_true", help="do not pre-compute and pin the system + tools prefix")
     p_con.add_argument("--theme", help="textual-dark | textual-light | ansi-dark | ansi-light (16 colours)")
+    _store_args(p_con)
     p_chat = sub.add_parser("chat", help="a terminal chat with the agent (stored)")
     _engine_args(p_chat)
     _store_args(p_chat)

@@ -7,7 +7,7 @@ Nothing outside app/tui and app/__main__ imports this package.
 
 from __future__ import annotations
 
-from app.tui.services import Builder, ConsoleOptions, Loaded
+from app.tui.services import Builder, ConsoleOptions, Loaded, SessionHooks
 
 
 def run_console(builder: Builder | None, options: ConsoleOptions = ConsoleOptions(), **kw) -> int:
@@ -17,4 +17,4 @@ def run_console(builder: Builder | None, options: ConsoleOptions = ConsoleOption
     return 0
 
 
-__all__ = ["Builder", "ConsoleOptions", "Loaded", "run_console"]
+__all__ = ["Builder", "ConsoleOptions", "Loaded", "SessionHooks", "run_console"]

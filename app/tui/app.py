@@ -23,7 +23,7 @@ from app.tui.messages import (AgentEventReceived, CancelTurn, EngineLoaded, Engi
                               PoolSampled, ReloadEngine, SubmitPrompt, TelemetrySampled, TokensStreamed, TurnEnded)
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.main import MainScreen
-from app.tui.services import Builder, ConsoleOptions, Loaded, pump_events
+from app.tui.services import Builder, ConsoleOptions, Loaded, SessionHooks, pump_events
 from app.tui.state import ConsoleState
 from app.tui.widgets.power import new_history, psutil_sample, record
 
@@ -120,18 +120,25 @@ class KvdeckApp(App):
         t0 = time.monotonic()
         post(EngineLoadProgressed(f"{options.model} ({options.weights} weights, {options.kv} KV)", None))
         try:
-            engine, agent = self.builder(options, lambda stage, frac: post(EngineLoadProgressed(stage, frac)))
-            if options.prewarm:
+            built = self.builder(options, lambda stage, frac: post(EngineLoadProgressed(stage, frac)))
+            engine, agent = built[:2]
+            hooks = built[2] if len(built) > 2 else SessionHooks()
+            result = []
+            if hooks.start is not None:
+                post(EngineLoadProgressed("starting the session" + (", pre-warming the system + tools prefix"
+                                                                   if options.prewarm else ""), None))
+                result = hooks.start(agent)
+            elif options.prewarm:
                 post(EngineLoadProgressed("pre-warming the system + tools prefix", None))
                 result = agent.prewarm()
-                for ev in result if isinstance(result, (list, tuple)) else ():
-                    if isinstance(ev, Event):
-                        post(AgentEventReceived(ev))
+            for ev in result if isinstance(result, (list, tuple)) else ():
+                if isinstance(ev, Event):
+                    post(AgentEventReceived(ev))
             post(PoolSampled(engine.snapshot(), tree=engine.tree()))
         except Exception as e:  # shown on screen; the console stays up to change settings
             post(EngineLoadFailed(f"{type(e).__name__}: {e}"))
             return
-        post(EngineLoaded(Loaded(engine, agent, options, time.monotonic() - t0)))
+        post(EngineLoaded(Loaded(engine, agent, options, time.monotonic() - t0, hooks)))
 
     @work(thread=True, exclusive=True, group="turn")
     def run_turn(self, text: str) -> None:
@@ -140,6 +147,7 @@ class KvdeckApp(App):
         try:
             events = loaded.agent.run_turn(text, loaded.options.tool_choice if loaded.options.tools else "none")
             outcome = pump_events(events, self.post_message, loaded.engine, telemetry=self.telemetry_source,
+                                  sink=loaded.hooks.on_event,
                                   cancelled=lambda: worker.is_cancelled or self._cancel.is_set())
         except Exception as e:  # a bad tool_choice or an engine error ends the turn, not the console
             self.post_message(TurnEnded("failed", f"{type(e).__name__}: {e}"))
@@ -231,12 +239,23 @@ class KvdeckApp(App):
             self.notify("A turn is running: Esc cancels it first", severity="warning")
             return
         old, self.loaded = self.loaded, None
-        if old is not None:
-            session = getattr(old.agent, "session", None)
-            if session is not None:
-                session.close()
+        self.close_session(old)
         self.state.note("notice", "reloading the engine with the new settings")
         self.load(msg.options)
+
+    def close_session(self, loaded: Loaded | None) -> None:
+        """End a loaded agent's session: the store's end hook, then the agent's pins and executor."""
+        if loaded is None:
+            return
+        if loaded.hooks.end is not None:
+            loaded.hooks.end(loaded.agent)
+        close = getattr(loaded.agent, "close", None) or getattr(loaded.agent.session, "close", None)
+        if close is not None:
+            close()
+
+    def on_unmount(self) -> None:
+        self.close_session(self.loaded)
+        self.loaded = None
 
     # ---- actions ------------------------------------------------------------------------------
     def action_help(self) -> None:

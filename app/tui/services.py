@@ -41,6 +41,19 @@ class ConsoleOptions:
 
 
 @dataclass(frozen=True)
+class SessionHooks:
+    """What the composition root does around a loaded agent's events (the store's writer).
+
+    start(agent) -> the session's first events (SessionStarted, the pre-warm's), already given to
+    on_event; it replaces the console's own agent.prewarm(). on_event(ev) sees every later event,
+    on the worker thread, before the UI does. end(agent) closes the session (reload, quit)."""
+
+    start: Callable[[object], list] | None = None
+    on_event: Callable[[object], None] | None = None
+    end: Callable[[object], None] | None = None
+
+
+@dataclass(frozen=True)
 class Loaded:
     """A loaded engine and the agent on it; owned by the app until the next reload."""
 
@@ -48,14 +61,16 @@ class Loaded:
     agent: object
     options: ConsoleOptions
     load_s: float = 0.0
+    hooks: SessionHooks = SessionHooks()
 
 
-# build(options, progress) -> (engine, agent); raises EngineError / ConfigError / ValueError.
+# build(options, progress) -> (engine, agent) or (engine, agent, SessionHooks); raises
+# EngineError / ConfigError / ValueError naming what is wrong.
 Builder = Callable[[ConsoleOptions, Progress], tuple]
 
 
 def pump_events(events: Iterable, post: Callable[[object], None], engine=None, *, interval: float = 0.05,
-                telemetry=None,
+                telemetry=None, sink: Callable[[object], None] | None = None,
                 cancelled: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic) -> str:
     """Iterate `events` (an agent turn), posting messages; returns finished | failed | cancelled.
 
@@ -82,6 +97,8 @@ def pump_events(events: Iterable, post: Callable[[object], None], engine=None, *
     try:
         for ev in it:
             if isinstance(ev, TokenDelta):
+                if sink is not None:
+                    sink(ev)
                 if (ev.turn, ev.call) != key:
                     flush()
                     key = (ev.turn, ev.call)
@@ -96,6 +113,8 @@ def pump_events(events: Iterable, post: Callable[[object], None], engine=None, *
                     st = ev.stats
                     tel = telemetry.summarize(started, ev.t_mono, st.computed_tokens + st.decode_tokens)
                     ev = replace(ev, telemetry=tel.as_dict())
+                if sink is not None:
+                    sink(ev)
                 post(AgentEventReceived(ev))
                 if isinstance(ev, EngineCallFinished) and engine is not None:
                     post(PoolSampled(engine.snapshot(), tree=engine.tree()))
