@@ -223,8 +223,31 @@ def load_gguf(path: str | Path, name: str, *, sha256: str | None = None,
                 w = unpermute_rows(w, n_head if "q_proj" in hf else n_kv)
             yield hf, w
 
+    def blocks() -> Iterator[tuple[str, str, np.ndarray]]:
+        """(HF name, kind, data): the file's own Q4_0 / Q4_1 / Q8_0 blocks as u8 [N, bytes per
+        row] (Q/K rows un-permuted: whole rows move, blocks stay intact), or kind "F32" and the
+        dequantised f32 tensor for any other type (norms, f16 tensors, other quantisations)."""
+        import gguf
+
+        for t in r.tensors:
+            hf = gguf_to_hf_name(t.name)
+            if hf is None:
+                continue
+            kind = t.tensor_type.name
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if kind in ("Q4_0", "Q4_1", "Q8_0") and len(shape) == 2:
+                data = np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1)  # [N, K/32 * bytes]
+            else:
+                kind = "F32"
+                data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+            if arch == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
+                data = unpermute_rows(data, n_head)
+            elif arch == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
+                data = unpermute_rows(data, n_kv)
+            yield hf, kind, data
+
     source = {"kind": "gguf", "file": p.name, "sha256": sha256 or sha256_file(p)}
     source.update(extra_source or {})
     f32_bytes = 4 * sum(int(t.n_elements) for t in r.tensors)
     return ModelSource(name=name, meta=meta, tensors=tensors, tokenizer_json=tok.to_str(), source=source,
-                       f32_bytes=f32_bytes)
+                       f32_bytes=f32_bytes, blocks=blocks)

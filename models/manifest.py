@@ -37,7 +37,7 @@ __all__ = ["Manifest", "MANIFEST_DIR", "FORMATS", "SUPPORTED_ARCHS", "load_manif
            "list_manifests", "parse_formats"]
 
 MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
-FORMATS = ("nvfp4", "w4a8", "f16", "f32")
+FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: a GGUF source's own blocks, exactly
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 SOURCE_KINDS = ("pip-wheel", "hf-folder")
 DEFAULT_RECIPE = {"nvfp4_block": 16, "w4a8_group": 32}

@@ -14,6 +14,10 @@ Per-tensor rules (ENGINE.md):
     nvfp4/w4a8 via ``models.quant.quantize_linear`` as ``X.weight.codes`` etc.
   * tied embeddings: no ``lm_head`` in f16/f32 folders; in nvfp4/w4a8 folders ``lm_head.weight.*``
     is quantised from the embedding.
+  * ``gguf`` (GGUF sources only): the file's own blocks, not re-rounded (models/quant/gguf_blocks):
+    Q4_0 -> w4a8 group 32, Q4_1 -> w4a8 group 32 + ``X.weight.mins``, Q8_0 -> w8a8 (int8 codes);
+    a tied head takes the embedding's blocks (Q8_0 in the default model: an 8-bit head); any
+    other tensor type is stored f16. The embedding rows are f16 (dequantised) for the lookup.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ class ModelSource:
     tokenizer_json: str
     source: dict[str, Any] = field(default_factory=dict)
     f32_bytes: int | None = None  # size of all tensors as f32, if known (enables caching)
+    # GGUF sources: a fresh iterator of (HF name, kind, data) with the file's raw blocks
+    # (kind Q4_0 | Q4_1 | Q8_0, data u8 [N, bytes per row]) or kind "F32" and an f32 tensor.
+    blocks: Callable[[], Iterator[tuple[str, str, np.ndarray]]] | None = None
 
 
 def _is_norm(name: str) -> bool:
@@ -92,10 +99,62 @@ def _quantize(name: str, w: np.ndarray, fmt: str, recipe: dict[str, int]) -> dic
     return {prefix + k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
+def _exact(name: str, kind: str, data: np.ndarray, K: int) -> dict[str, np.ndarray]:
+    """One GGUF tensor's blocks in the gguf format's layout (see module docstring)."""
+    from .quant.gguf_blocks import q4_to_w4a8, q8_0_to_w8a8
+
+    prefix = name[: -len("weight")]
+    N = data.shape[0]
+    if kind in ("Q4_0", "Q4_1"):
+        out = q4_to_w4a8(data, N, K, kind)
+    elif kind == "Q8_0":
+        out = q8_0_to_w8a8(data, N, K)
+    else:
+        return {name: np.ascontiguousarray(np.asarray(data, np.float32).astype(np.float16))}
+    return {prefix + "weight." + k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def convert_exact(src: ModelSource) -> dict[str, np.ndarray]:
+    """The gguf format: the source file's own blocks (module docstring)."""
+    if src.blocks is None:
+        raise ModelError(f"{src.name}: weight format 'gguf' keeps a GGUF file's own blocks; this source "
+                         f"({src.source.get('kind', '?')}) is not a GGUF file")
+    from .quant.gguf_blocks import dequantize_w4a8, dequantize_w8a8
+
+    tied = bool(src.meta["tie_word_embeddings"])
+    H = int(src.meta["hidden_size"])
+    out: dict[str, np.ndarray] = {}
+    for name, kind, data in src.blocks():
+        if name == "model.embed_tokens.weight":  # [V, H]: f16 rows for the lookup
+            q = _exact(name, kind, data, H)
+            if kind == "F32":
+                rows = data
+            elif kind == "Q8_0":
+                rows = dequantize_w8a8(q["model.embed_tokens.weight.codes"], q["model.embed_tokens.weight.scales"])
+            else:
+                rows = dequantize_w4a8(q["model.embed_tokens.weight.codes"], q["model.embed_tokens.weight.scales"],
+                                       q.get("model.embed_tokens.weight.mins"))
+            out[name] = np.ascontiguousarray(rows[:, :H].astype(np.float16))
+            if tied:
+                out.update({"lm_head" + k[len("model.embed_tokens"):]: v for k, v in q.items()})
+        elif _is_norm(name) or name.endswith(".bias"):
+            out[name] = np.ascontiguousarray(data, dtype=np.float32)
+        elif _is_linear(name):
+            if tied and name == "lm_head.weight":
+                continue
+            K = data.shape[1] if kind == "F32" else data.shape[1] // {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[kind] * 32
+            out.update(_exact(name, kind, data, K))
+        else:
+            raise ModelError(f"{src.source.get('file', src.name)}: unexpected tensor {name!r}")
+    return out
+
+
 def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, np.ndarray]:
     """Apply the per-tensor rules of the module docstring; returns the safetensors dict."""
     if fmt not in FORMATS:
         raise ModelError(f"unknown weight format {fmt!r}; known formats: {', '.join(FORMATS)}")
+    if fmt == "gguf":
+        return convert_exact(src)
     tied = bool(src.meta["tie_word_embeddings"])
     out: dict[str, np.ndarray] = {}
     for name, w in src.tensors():
@@ -181,7 +240,8 @@ def write_model(src: ModelSource, formats: tuple[str, ...], out_root: str | Path
     paths = []
     if len(formats) > 1 and src.f32_bytes is not None and src.f32_bytes < 2 * 2**30:
         cached = list(src.tensors())  # [(name, f32 array)]
-        src = ModelSource(src.name, src.meta, lambda: iter(cached), src.tokenizer_json, src.source, src.f32_bytes)
+        src = ModelSource(src.name, src.meta, lambda: iter(cached), src.tokenizer_json, src.source, src.f32_bytes,
+                          src.blocks)
     for fmt in formats:
         p = write_format(src, fmt, out_root, recipe)
         log(f"wrote {p} ({folder_size(p) / 2**20:.1f} MiB)")

@@ -137,7 +137,8 @@ def _want(h: SafetensorsHeader, name: str, dtypes: tuple[str, ...], shape: tuple
 _KNOWN_FORMS = {  # suffixes after "X.weight" -> format (docs/ENGINE.md)
     frozenset({""}): "dense",
     frozenset({".codes", ".scales", ".tscale"}): "nvfp4",
-    frozenset({".codes", ".scales"}): "w4a8",
+    frozenset({".codes", ".scales"}): "w4a8",  # or w8a8 when the codes are I8
+    frozenset({".codes", ".scales", ".mins"}): "w4a8",  # GGUF Q4_1 kept exactly (group 32)
 }
 
 
@@ -157,6 +158,10 @@ def _linear(h: SafetensorsHeader, p: str, N: int, K: int) -> tuple[str, list[str
     if form == "other":
         return form, names
     Kp = -(-K // _QUANT_PAD) * _QUANT_PAD
+    if form == "w4a8" and h.tensors[w + ".codes"].dtype == "I8" and w + ".mins" not in h.tensors:
+        _want(h, w + ".codes", ("I8",), (N, Kp))  # w8a8: GGUF Q8_0 kept exactly
+        _want(h, w + ".scales", ("F16",), (N, Kp // _QUANT_PAD))
+        return "w8a8", names
     _want(h, w + ".codes", ("U8",), (N, Kp // 2))
     if form == "nvfp4":
         _want(h, w + ".scales", ("U8",), (N, Kp // _NVFP4_BLOCK))
@@ -168,6 +173,10 @@ def _linear(h: SafetensorsHeader, p: str, N: int, K: int) -> tuple[str, list[str
         raise EngineError(f"{h.path}: tensor {w}.scales has shape {list(s.shape)}: need [{N}, G] with "
                           f"G dividing Kp={Kp} into even groups")
     _want(h, w + ".scales", ("F16",), (N, groups))
+    if w + ".mins" in h.tensors:
+        if groups * _QUANT_PAD != Kp:
+            raise EngineError(f"{h.path}: tensor {w}.mins needs group 32 scales, {w}.scales has {groups} groups")
+        _want(h, w + ".mins", ("F16",), (N, groups))
     return form, names
 
 

@@ -23,7 +23,7 @@ from app.engine.types import ModelConfig
 
 FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
-WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32")
+WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: the GGUF source's own blocks
 KV_FORMATS = ("f32", "f16", "nvfp4")
 KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625}  # per value
 
@@ -139,7 +139,7 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
 # engine memory with the GIL released) and its pages are dropped from the mapping right
 # after (MADV_DONTNEED). Largest tensors go first, so the one-tensor overhead is that of a
 # small tensor for most of the load (tests/unit/test_load_memory.py measures the peak).
-NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "U8": np.dtype("u1")}
+NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "U8": np.dtype("u1"), "I8": np.dtype("i1")}
 DROP_ALIGN = 1 << 20  # page-aligned, and wider than the kernel's fault-around window (64 KiB)
 
 

@@ -29,7 +29,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "f16") return DType::F16;
   if (s == "nvfp4") return DType::NVFP4;
   if (s == "w4a8") return DType::W4A8;
-  throw std::invalid_argument("dtype must be one of f32, f16, nvfp4, w4a8; got " + s);
+  if (s == "w8a8") return DType::W8A8;
+  throw std::invalid_argument("dtype must be one of f32, f16, nvfp4, w4a8, w8a8; got " + s);
 }
 
 void require(bool ok, const std::string& msg) {
@@ -59,7 +60,8 @@ py::tuple py_quantize(const Arr<float>& x) {
 // repeat > 1 calls the kernel that many times without the GIL (benchmarks).
 py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<float>& x,
                            std::optional<py::array> scales, float tscale, int n0,
-                           std::optional<int> n1_opt, std::optional<int> ldy_opt, int repeat) {
+                           std::optional<int> n1_opt, std::optional<int> ldy_opt, int repeat,
+                           std::optional<py::array> mins) {
   WeightView w;
   w.dtype = parse_dtype(dtype);
   require(x.ndim() == 2, "x must be 2-D [M, K]");
@@ -69,7 +71,12 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
   w.N = N;
   w.K = K;
   Arr<uint8_t> codes, sc_u8;
-  Arr<uint16_t> sc_u16, w16;
+  Arr<uint16_t> sc_u16, w16, mn_u16;
+  Arr<int8_t> codes8;
+  auto as_u16 = [](const py::array& a) {
+    return py::array_t<uint16_t, py::array::c_style>::ensure(
+        py::array(py::dtype("uint16"), a.request().shape, a.request().strides, a.data(), a));
+  };
   Arr<float> w32;
   switch (w.dtype) {
     case DType::F32:
@@ -107,7 +114,29 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
         require(ng > 0 && w.Kp % ng == 0 && (w.Kp / ng) % 2 == 0, "w4a8 group must be even and divide Kp");
         w.group = w.Kp / ng;
         w.scales = sc_u16.data();
+        if (mins.has_value()) {
+          require(w.group == kQ8Block, "w4a8 mins need group 32");
+          require(mins->itemsize() == 2 && mins->ndim() == 2 && mins->shape(0) == N && mins->shape(1) == ng,
+                  "w4a8 mins must be f16 [N, Kp/32]");
+          mn_u16 = as_u16(*mins);
+          w.mins = mn_u16.data();
+        }
       }
+      break;
+    }
+    case DType::W8A8: {
+      require(data.itemsize() == 1, "w8a8 codes must be int8 [N, Kp]");
+      codes8 = Arr<int8_t>::ensure(py::array(py::dtype("int8"), data.request().shape, data.request().strides,
+                                             data.data(), data));
+      w.Kp = int(codes8.shape(1));
+      require(w.Kp == round_up(K, kQuantPad), "w8a8 codes must be [N, round_up(K,32)]");
+      require(scales.has_value() && scales->itemsize() == 2 && scales->ndim() == 2 && scales->shape(0) == N &&
+                  scales->shape(1) == w.Kp / kQ8Block,
+              "w8a8 scales must be f16 [N, Kp/32]");
+      sc_u16 = as_u16(*scales);
+      w.data = codes8.data();
+      w.scales = sc_u16.data();
+      w.group = kQ8Block;
       break;
     }
   }
@@ -118,7 +147,7 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
   std::memset(y.mutable_data(), 0, sizeof(float) * size_t(M) * ldy);
   float* yp = y.mutable_data();
   const float* xp = x.data();
-  const bool quantised = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8;
+  const bool quantised = is_integer(w.dtype);
   {
     py::gil_scoped_release nogil;
     std::vector<int8_t> q;
@@ -183,8 +212,10 @@ void bind_kernels(py::module_& m) {
   k.def("gemm", &py_gemm, py::arg("dtype"), py::arg("data"), py::arg("x"), py::kw_only(),
         py::arg("scales") = py::none(), py::arg("tscale") = 1.0f, py::arg("n0") = 0,
         py::arg("n1") = py::none(), py::arg("ldy") = py::none(), py::arg("repeat") = 1,
+        py::arg("mins") = py::none(),
         "y[m, n] = sum_k x[m,k] W[n,k] for n in [n0, n1): f32 [M, ldy], other columns 0.\n"
-        "dtype f32|f16|nvfp4|w4a8; quantised formats quantise x with quantize_act_q8.");
+        "dtype f32|f16|nvfp4|w4a8|w8a8 (w4a8 with mins f16 [N, Kp/32]: GGUF Q4_1); quantised\n"
+        "formats quantise x with quantize_act_q8.");
   k.def("attention", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("pages"),
         py::kw_only(), py::arg("g") = 0, py::arg("ctx"), py::arg("ref") = false,
         "Causal attention of one query (q f32 [G, D], the heads of KV head g) over ctx tokens of\n"

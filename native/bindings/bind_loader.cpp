@@ -20,6 +20,7 @@ std::string dtype_of(const py::array& a) {
   if (k == 'f' && size == 4) return "f32";
   if (k == 'f' && size == 2) return "f16";
   if (k == 'u' && size == 1) return "u8";
+  if (k == 'i' && size == 1) return "i8";
   return std::string(1, k) + std::to_string(size);
 }
 

@@ -122,6 +122,10 @@ static void check_linear(const WeightView& w, int N, int K, const std::string& n
   const bool q = is_integer(w.dtype);
   if (q && (!w.scales || w.Kp != round_up(K, kQuantPad)))
     throw std::invalid_argument("weights: " + name + " has bad quantisation layout");
+  if (w.mins && (w.dtype != DType::W4A8 || w.group != kQ8Block))
+    throw std::invalid_argument("weights: " + name + " has minimums, which need W4A8 group 32");
+  if (w.dtype == DType::W8A8 && w.group != kQ8Block)
+    throw std::invalid_argument("weights: " + name + " is W8A8 with group " + std::to_string(w.group) + " (must be 32)");
   if (w.dtype == DType::W4A8 && (w.group <= 0 || w.Kp % w.group != 0 || w.group % kQ8Block != 0))
     throw std::invalid_argument("weights: " + name + " has W4A8 group " + std::to_string(w.group) +
                                 " (must be a multiple of 32 dividing " + std::to_string(w.Kp) + ")");

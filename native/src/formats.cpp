@@ -46,6 +46,7 @@ const char* dtype_name(DType t) {
     case DType::F16: return "f16";
     case DType::NVFP4: return "nvfp4";
     case DType::W4A8: return "w4a8";
+    case DType::W8A8: return "w8a8";
   }
   return "?";
 }

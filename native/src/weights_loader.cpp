@@ -19,7 +19,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 size_t itemsize(const std::string& dtype) {
   if (dtype == "f32") return 4;
   if (dtype == "f16") return 2;
-  if (dtype == "u8") return 1;
+  if (dtype == "u8" || dtype == "i8") return 1;
   return 0;
 }
 
@@ -73,7 +73,7 @@ void WeightsBuilder::check_spec(const std::string& name, const HostTensor& t) co
   if (done_) fail("tensor " + name + " added after finish()");
   if (got_.count(name)) fail("tensor " + name + " given twice");
   const size_t isz = itemsize(t.dtype);
-  if (isz == 0) fail("tensor " + name + " has dtype " + t.dtype + " (f32, f16 or u8 expected)");
+  if (isz == 0) fail("tensor " + name + " has dtype " + t.dtype + " (f32, f16, u8 or i8 expected)");
   size_t n = 1;
   for (int64_t d : t.shape) {
     if (d < 0 || (d > 0 && n > std::numeric_limits<size_t>::max() / isz / size_t(d)))
@@ -86,7 +86,8 @@ void WeightsBuilder::check_spec(const std::string& name, const HostTensor& t) co
   if (t.nbytes && !t.data) fail("tensor " + name + " has no data");
 
   if (auto v = vectors_.find(name); v != vectors_.end()) return expect(name, t, "f32", {v->second});
-  static const char* const kSuffixes[] = {".weight", ".weight.codes", ".weight.scales", ".weight.tscale"};
+  static const char* const kSuffixes[] = {".weight", ".weight.codes", ".weight.scales", ".weight.tscale",
+                                          ".weight.mins"};
   for (const char* suffix : kSuffixes) {
     if (!ends_with(name, suffix)) continue;
     const auto it = linears_.find(name.substr(0, name.size() - std::strlen(suffix)));
@@ -100,7 +101,9 @@ void WeightsBuilder::check_spec(const std::string& name, const HostTensor& t) co
         fail("tensor " + name + " has dtype " + t.dtype + ", expected f32 or f16");
       return expect(name, t, t.dtype, {N, K});
     }
+    if (sfx == ".weight.codes" && t.dtype == "i8") return expect(name, t, "i8", {N, Kp});  // w8a8
     if (sfx == ".weight.codes") return expect(name, t, "u8", {N, Kp / 2});
+    if (sfx == ".weight.mins") return expect(name, t, "f16", {N, Kp / kQ8Block});  // w4a8 + GGUF Q4_1 mins
     if (sfx == ".weight.tscale") return expect(name, t, "f32", {1});
     if (t.dtype == "u8") return expect(name, t, "u8", {N, Kp / kNvfp4Block});  // nvfp4 E4M3 scales
     if (t.shape.size() != 2 || t.shape[1] <= 0 || Kp % t.shape[1] != 0)
@@ -172,7 +175,23 @@ WeightView WeightsBuilder::linear(const std::string& p) {
   codes->used = scales->used = true;
   w.data = codes->device;
   w.scales = scales->device;
+  Entry* mins = find(p + ".weight.mins");
+  if (codes->dtype == "i8") {  // w8a8 (GGUF Q8_0 blocks)
+    if (scales->dtype != "f16" || scales->shape[1] != w.Kp / kQ8Block)
+      fail("tensor " + p + ".weight.scales must be f16 [N, Kp/32] for int8 codes");
+    if (mins || find(p + ".weight.tscale")) fail("tensor " + p + ": int8 codes take no mins or tscale");
+    w.dtype = DType::W8A8;
+    w.group = kQ8Block;
+    return w;
+  }
+  if (mins) {
+    if (scales->dtype != "f16" || scales->shape[1] != w.Kp / kQ8Block)
+      fail("tensor " + p + ".weight.mins needs f16 scales of group 32");
+    mins->used = true;
+    w.mins = mins->device;
+  }
   if (Entry* t = find(p + ".weight.tscale")) {
+    if (mins) fail("tensor " + p + ".weight.mins belongs to w4a8, but .weight.tscale (nvfp4) is present");
     if (scales->dtype != "u8")
       fail("tensor " + p + ".weight.scales is f16 (w4a8) but " + p + ".weight.tscale (nvfp4) is present");
     t->used = true;

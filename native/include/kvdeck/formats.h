@@ -12,6 +12,11 @@
 //   W4A8      : codes u8 [N, Kp/2], two int4 per byte, element 2i in the low nibble,
 //               nibble = q + 8 (offset binary, q in [-8, 7]); scales f16 [N, Kp/group].
 //               w = q * scale. Activations are quantised at run time to int8 per 32.
+//               Optional mins f16 [N, Kp/32] (group 32 only): w = q * scale + min' where
+//               min' = min + 8 * scale — GGUF Q4_1 blocks kept exactly (w = d * nibble + m).
+//               Without mins, GGUF Q4_0 blocks are W4A8 group 32 as they are.
+//   W8A8      : codes i8 [N, Kp], scales f16 [N, Kp/32]; w = q * scale (GGUF Q8_0 exactly).
+//               Run on int8 x int8 dot products per 32-block, like the 4-bit formats.
 // Kp = K rounded up to kQuantPad (32); padded weights are zero.
 #pragma once
 #include <cstddef>
@@ -19,7 +24,7 @@
 
 namespace kvdeck {
 
-enum class DType : int32_t { F32 = 0, F16 = 1, NVFP4 = 2, W4A8 = 3 };
+enum class DType : int32_t { F32 = 0, F16 = 1, NVFP4 = 2, W4A8 = 3, W8A8 = 4 };
 
 constexpr int kNvfp4Block = 16;  // values per E4M3 block scale
 constexpr int kQ8Block = 32;     // run-time int8 activation block
@@ -27,7 +32,7 @@ constexpr int kQuantPad = 32;    // K of quantised weights is padded to a multip
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 // Formats that run on the integer path and read run-time int8 activations.
-inline bool is_integer(DType t) { return t == DType::NVFP4 || t == DType::W4A8; }
+inline bool is_integer(DType t) { return t == DType::NVFP4 || t == DType::W4A8 || t == DType::W8A8; }
 const char* dtype_name(DType t);
 
 // ---- scalar codecs -----------------------------------------------------------------

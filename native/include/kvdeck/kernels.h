@@ -21,7 +21,8 @@ struct WeightView {
   int Kp = 0;                  // K padded: round_up(K, 32) for NVFP4/W4A8, K otherwise
   int group = 32;              // W4A8 scale group (32, or Kp for row-wise); NVFP4: 16
   const void* data = nullptr;  // f32 [N,K] | f16 [N,K] | u8 codes [N,Kp/2]
-  const void* scales = nullptr;  // NVFP4: u8 e4m3 [N,Kp/16] | W4A8: f16 [N,Kp/group]
+  const void* scales = nullptr;  // NVFP4: u8 e4m3 [N,Kp/16] | W4A8: f16 [N,Kp/group] | W8A8: f16 [N,Kp/32]
+  const void* mins = nullptr;    // W4A8 group 32 only, optional: f16 [N,Kp/32] (GGUF Q4_1 minimums)
   float tscale = 1.0f;           // NVFP4 tensor scale
 };
 

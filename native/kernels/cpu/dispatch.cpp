@@ -67,7 +67,9 @@ void quantize_act_q8(const float* x, int M, int K, ActQ8& out) {
 void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy, int n0,
           int n1) {
   if (M <= 0 || n1 <= n0) return;
-  active().load(std::memory_order_relaxed)->gemm(w, x, xq, M, y, ldy, n0, n1);
+  const cpu::KernelSet* k = active().load(std::memory_order_relaxed);
+  k->gemm(w, x, xq, M, y, ldy, n0, n1);
+  if (w.dtype == DType::W4A8 && w.mins) k->w4a8_mins(w, *xq, M, y, ldy, n0, n1);  // GGUF Q4_1 blocks
 }
 
 }  // namespace kvdeck

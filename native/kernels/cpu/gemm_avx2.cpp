@@ -455,13 +455,14 @@ void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
         scalar_kernels().gemm(w, x, xq, M, y, ldy, n0, n1);
       break;
     case DType::NVFP4: gemm_q4<true>(w, *xq, M, y, ldy, n0, n1); break;
+    case DType::W8A8: gemm_w8a8_avx2(w, *xq, M, y, ldy, n0, n1); break;
   }
 }
 
 }  // namespace
 
 const KernelSet& avx2_kernels() {
-  static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2};
+  static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2};
   return k;
 }
 

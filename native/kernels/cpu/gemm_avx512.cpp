@@ -321,13 +321,14 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
         scalar_kernels().gemm(w, x, xq, M, y, ldy, n0, n1);
       break;
     case DType::NVFP4: gemm_q4<true>(w, *xq, M, y, ldy, n0, n1); break;
+    case DType::W8A8: gemm_w8a8_avx2(w, *xq, M, y, ldy, n0, n1); break;  // AVX2 is enough: see its file
   }
 }
 
 }  // namespace
 
 const KernelSet& avx512_kernels() {
-  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512};
+  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2};
   return k;
 }
 

@@ -182,6 +182,46 @@ void gemm_nvfp4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, 
   }
 }
 
+}  // namespace
+
+// W4A8 + mins: y += d_a * s_a * (min + 8 * scale) per 32-block (see formats.h).
+void w4a8_mins_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
+  const int nb = w.Kp / kQ8Block;
+  const auto* mins = static_cast<const uint16_t*>(w.mins);      // f16 [N, nb]
+  const auto* scales = static_cast<const uint16_t*>(w.scales);  // f16 [N, nb]
+  for (int n = n0; n < n1; ++n)
+    for (int m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int b = 0; b < nb; ++b) {
+        const float off = half_to_float(mins[size_t(n) * nb + b]) + 8.0f * half_to_float(scales[size_t(n) * nb + b]);
+        acc += xq.d[size_t(m) * nb + b] * float(xq.s[size_t(m) * nb + b]) * off;
+      }
+      y[size_t(m) * ldy + n] += acc;
+    }
+}
+
+// W8A8 block dot: d_a * d_w * sum(q_w * q_a) per 32-block.
+void gemm_w8a8_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
+  const int Kp = w.Kp, nb = Kp / kQ8Block;
+  const auto* codes = static_cast<const int8_t*>(w.data);       // [N, Kp]
+  const auto* scales = static_cast<const uint16_t*>(w.scales);  // f16 [N, nb]
+  for (int n = n0; n < n1; ++n) {
+    const int8_t* wr = codes + size_t(n) * Kp;
+    for (int m = 0; m < M; ++m) {
+      const int8_t* qa = xq.q + size_t(m) * Kp;
+      float acc = 0.0f;
+      for (int b = 0; b < nb; ++b) {
+        int32_t isum = 0;
+        for (int i = 0; i < kQ8Block; ++i) isum += int(wr[b * 32 + i]) * qa[b * 32 + i];
+        acc += xq.d[size_t(m) * nb + b] * half_to_float(scales[size_t(n) * nb + b]) * float(isum);
+      }
+      y[size_t(m) * ldy + n] = acc;
+    }
+  }
+}
+
+namespace {
+
 void gemm_scalar(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
                  int n0, int n1) {
   switch (w.dtype) {
@@ -202,13 +242,14 @@ void gemm_scalar(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
         gemm_w4a8_anygroup(w, *xq, M, y, ldy, n0, n1);
       break;
     case DType::NVFP4: gemm_nvfp4(w, *xq, M, y, ldy, n0, n1); break;
+    case DType::W8A8: gemm_w8a8_scalar(w, *xq, M, y, ldy, n0, n1); break;
   }
 }
 
 }  // namespace
 
 const KernelSet& scalar_kernels() {
-  static const KernelSet k{"scalar", quantize_act_q8_scalar, gemm_scalar};
+  static const KernelSet k{"scalar", quantize_act_q8_scalar, gemm_scalar, w4a8_mins_scalar, gemm_w8a8_scalar};
   return k;
 }
 

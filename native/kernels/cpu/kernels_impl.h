@@ -16,6 +16,11 @@ struct KernelSet {
   void (*quantize_act_q8)(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
   void (*gemm)(const WeightView& w, const float* x /*[M,K]*/, const ActQ8* xq, int M,
                float* y /*[M,ldy]*/, int ldy, int n0, int n1);
+  // W4A8 with mins: y[m, n] += sum_b d_a[m,b] * s_a[m,b] * (min[n,b] + 8 * scale[n,b])
+  // over rows [n0, n1), after gemm() wrote the plain W4A8 product.
+  void (*w4a8_mins)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+  // W8A8: y[m, n] = sum_b d_a[m,b] * scale[n,b] * sum_i q_w * q_a (rows [n0, n1)).
+  void (*gemm_w8a8)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 };
 
 const KernelSet& scalar_kernels();
@@ -29,7 +34,13 @@ void silu_mul_row_avx2(const float* a, const float* b, int n, float* y);
 // attention_segment (ops_cpu.h) for D % 8 == 0, D <= 128, block <= 64 (attention_avx2.cpp).
 void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
                             float scale, float* o, float* m, float* l, float* tile);
+// W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; shared by the AVX-512 set).
+void w4a8_mins_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 #endif
+// The scalar references of the two (gemm_scalar.cpp).
+void w4a8_mins_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+void gemm_w8a8_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 
 // ---- shared scalar helpers (defined in gemm_scalar.cpp) ---------------------------
 // 256-entry E4M3 (float8_e4m3fn) decode table, built once (thread-safe static init).
