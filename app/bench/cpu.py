@@ -18,8 +18,9 @@ Fairness: the same thread count for both (all cores unless --threads), the same 
 engine, then --reps repetitions in which every measurement runs on each engine in turn (A B A B,
 the order rotated each repetition) so that a busy phase of a shared machine hits all engines
 alike; each figure is the fastest of its repetitions (the one least disturbed by other work on
-a shared machine; every repetition is in the --json output). Also printed: the CPU's SIMD flags, the machine's memory copy
-bandwidth, and the weight bytes each engine reads per decode token (app/bench/weightbytes.py).
+a shared machine; every repetition is in the --json output). Also printed: the CPU's SIMD flags,
+the machine's memory copy bandwidth, the weight bytes each engine reads per decode token
+(app/bench/weightbytes.py), and how many cores other processes kept busy during the timed runs.
 The runners and the interleaved schedule live in app/bench/schedule.py.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from app.bench import peer
-from app.bench.load import BusyLoad
+from app.bench.load import BusyLoad, CpuMeter
 from app.bench.schedule import (FULL, KV, LOAD, LOAD_QUICK, MODEL, QUICK, KvdeckRunner, Plan, best_of,
                                 fastest, label, measure, progress)
 from app.bench.weightbytes import gguf_weight_bytes, kvdeck_weight_bytes
@@ -132,9 +133,12 @@ def run_table(args, plan: Plan, ids, say, out: dict) -> None:
         out["llama_cpp"] = info
         for q in (files if peers else ()):
             say(bytes_line(f"llama.cpp {q}", info["weight_bytes"][q]))
-        samples = measure(ours + (peers or []), plan, args.reps)
+        with CpuMeter() as meter:
+            samples = measure(ours + (peers or []), plan, args.reps, args.budget_s)
         rates = fastest(samples)
+        out["cpu_use"] = meter.result
         out["samples_tok_s"] = samples
+        out["reps_done"] = min(len(v) for figs in samples.values() for v in figs.values())
     finally:
         for r in ours + (peers or []):
             r.close()
@@ -164,7 +168,8 @@ def run_table(args, plan: Plan, ids, say, out: dict) -> None:
         for label_, r in info[q]["settings"].items():
             say(f"{'  llama.cpp ' + q + ' ' + label_:<34}" + "".join(f"{r[f]:>{w}.0f}" for f in figs))
     if ref:
-        say(f"(ratios: kvdeck / llama.cpp Q4_0 at its best setting per figure, same run; llama.cpp "
+        say(f"(ratios: kvdeck / llama.cpp Q4_0 at its best setting per figure, same run, fastest of "
+            f"{out['reps_done']} repetitions; llama.cpp "
             f"{info['version']}; fa = flash attention, ub = n_ubatch, n_batch = {plan.n_batch})")
     dec = f"decode_{min(plan.decode_ctx)}"
     bw = out["copy_bandwidth_gb_s"]
@@ -173,6 +178,14 @@ def run_table(args, plan: Plan, ids, say, out: dict) -> None:
     if ref:
         parts.append(f"llama.cpp Q4_0 {info['weight_bytes']['Q4_0']['total'] * ref[dec] / 1e9:.1f} GB/s")
     say(f"weight bytes read per second at {label(dec)}: " + ", ".join(parts) + f" (copy bandwidth {bw:.1f} GB/s)")
+    say(noise_line(out["cpu_use"]))
+
+
+def noise_line(use: dict) -> str:
+    if use["others_cores"] is None:
+        return "CPU use of other processes during the timed runs: unknown (no /proc/stat)"
+    return (f"during the timed runs ({use['wall_s']:.0f} s) this bench kept {use['self_cores']:.2f} cores "
+            f"busy and other processes {use['others_cores']:.2f} cores of {os.cpu_count()}")
 
 
 # ============================================================================
@@ -190,12 +203,13 @@ def run_load(args, levels: list[int], plan: Plan, ids, say, out: dict) -> None:
         for n in levels:
             before = load_avg()
             progress(f"load level {n} busy process(es)")
-            with BusyLoad(n, BUSY_MAX_S) as busy:
-                samples = measure([ours] + (peers or []), plan, args.reps)
+            with BusyLoad(n, BUSY_MAX_S) as busy, CpuMeter(busy) as meter:
+                samples = measure([ours] + (peers or []), plan, args.reps, args.budget_s)
                 rates = fastest(samples)
                 if not busy.all_alive():
                     raise RuntimeError(f"a busy process ended before level {n}'s measurement did")
-            row = {"busy": n, "load_avg_1min_before": before, "kvdeck": rates[ours.name][fig],
+            row = {"busy": n, "load_avg_1min_before": before, "cpu_use": meter.result,
+                   "kvdeck": rates[ours.name][fig],
                    "samples_tok_s": {name: v[fig] for name, v in samples.items()}}
             if peers:
                 b = best_of(rates, names["Q4_0"], [fig])[fig]
@@ -214,12 +228,18 @@ def run_load(args, levels: list[int], plan: Plan, ids, say, out: dict) -> None:
 
     say(f"\n{label(fig)} ({plan.decode_tokens} tokens), tok/s and ratio to the same engine idle; "
         f"N busy-looping processes beside it on {os.cpu_count()} cores, {args.threads} threads each engine")
-    say(f"{'busy':>4}  {'kvdeck ' + ours.fmt:>20}  {'llama.cpp Q4_0 (best of fa off/on)':>36}  load avg before")
+    say(f"{'busy':>4}  {'kvdeck ' + ours.fmt:>20}  {'llama.cpp Q4_0 (best of fa off/on)':>36}  "
+        f"{'busy loops used':>15}  {'others used':>11}")
     for row in rows:
         peer_cell = (f"{row['llama_cpp']:.0f} ({row['llama_cpp_ratio']:.2f}x) [{row['llama_cpp_setting']}]"
                      if peers else "-")
-        la = f"{row['load_avg_1min_before']:.2f}" if row["load_avg_1min_before"] is not None else "?"
-        say(f"{row['busy']:>4}  {row['kvdeck']:>11.0f} ({row['kvdeck_ratio']:.2f}x)  {peer_cell:>36}  {la:>8}")
+        use = row["cpu_use"]
+        kids, others = ((f"{use['busy_children_cores']:.2f} cores", f"{use['others_cores']:.2f} cores")
+                        if use["others_cores"] is not None else ("?", "?"))
+        say(f"{row['busy']:>4}  {row['kvdeck']:>11.0f} ({row['kvdeck_ratio']:.2f}x)  {peer_cell:>36}  "
+            f"{kids:>15}  {others:>11}")
+    say("(busy loops used / others used: average cores kept busy during the level's timed runs by the "
+        "busy processes / by processes other than this bench)")
 
 
 # ============================================================================
@@ -245,6 +265,9 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--q4-1", action="store_true", help="also run llama.cpp on the shipped Q4_1 file")
     ap.add_argument("--load", metavar="N[,N...]", help="load mode: decode with N busy processes beside")
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="start no repetition after the first once this many seconds are spent "
+                         "(per --load level; default 300)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, nvfp4 only, 1 repetition")
     args = ap.parse_args(argv)
     args.formats = ["nvfp4"] if args.quick else args.formats.split(",")
@@ -278,6 +301,12 @@ def run(argv: list[str]) -> int:
         run_load(args, levels, plan, ids, say, out)
     else:
         run_table(args, plan, ids, say, out)
+    after = out["load_avg_1min_after"] = load_avg()
+    if after is not None and la is not None:
+        busy = max(la, after) > 0.75 * facts["cores"]
+        say(f"1-min load average {la:.2f} before, {after:.2f} after, on {facts['cores']} cores"
+            + ("; the machine was busy with other work: these figures are its noise as much as the "
+               "engines' speed" if busy else ""))
     if args.json:
         print(json.dumps(out, indent=1))
     return 0

@@ -104,3 +104,51 @@ class BusyLoad:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ============================================================================
+# Who used the CPU during a measurement
+# ============================================================================
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent not idle since boot (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)          # idle + iowait
+    guest = sum(vals[8:10]) if len(vals) > 9 else 0             # already counted in user/nice
+    return (sum(vals) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU use during a `with` block, split into this process, the busy children, and others.
+
+    `others_cores` is the noise figure: the average number of cores that processes other than
+    the bench and its busy children kept busy (other users of a shared machine). Linux only;
+    elsewhere every figure is None.
+    """
+
+    def __init__(self, load: BusyLoad | None = None):
+        self.load = load
+        self.result: dict[str, float | None] = {"wall_s": None, "self_cores": None,
+                                                 "busy_children_cores": None, "others_cores": None}
+
+    def _snap(self) -> tuple[float, float, float, float]:
+        kids = sum(_cpu_seconds(p) for p in self.load.pids()) if self.load else 0.0
+        return time.monotonic(), _machine_busy_s(), _cpu_seconds(os.getpid()), kids
+
+    def __enter__(self) -> "CpuMeter":
+        try:
+            self.t0 = self._snap()
+        except OSError:
+            self.t0 = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.t0 is None:
+            return
+        try:
+            t1 = self._snap()
+        except OSError:
+            return
+        wall, machine, own, kids = (b - a for a, b in zip(self.t0, t1))
+        self.result = {"wall_s": wall, "self_cores": own / wall, "busy_children_cores": kids / wall,
+                       "others_cores": max(0.0, machine - own - kids) / wall}

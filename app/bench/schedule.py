@@ -94,12 +94,14 @@ class KvdeckRunner:
         self.engine = self.nat = None
 
 
-def measure(runners: list, plan: Plan, reps: int, warmup: bool = True) -> dict[str, dict[str, list[float]]]:
+def measure(runners: list, plan: Plan, reps: int, budget_s: float = float("inf"),
+            warmup: bool = True) -> dict[str, dict[str, list[float]]]:
     """tok/s samples per runner name per figure (one per repetition), the runners interleaved.
 
     Each repetition runs every step on every runner before the next step (the runner order
     rotated by one each repetition). A decode step's timed prefill is also the prefill figure
-    of that length when the plan has one.
+    of that length when the plan has one. The first repetition always runs whole; a later one
+    starts only while the time spent so far is under budget_s (so fewer than reps may run).
     """
     steps = [("prefill", n) for n in plan.prefill if n not in plan.decode_ctx]
     steps += [("decode", c) for c in plan.decode_ctx]
@@ -107,7 +109,12 @@ def measure(runners: list, plan: Plan, reps: int, warmup: bool = True) -> dict[s
     if warmup:
         for r in runners:
             r.prefill_decode(min(plan.decode_ctx), min(8, plan.decode_tokens))
+    t_start = time.monotonic()
     for rep in range(reps):
+        spent = time.monotonic() - t_start
+        if rep and spent > budget_s:
+            progress(f"time budget {budget_s:.0f} s spent ({spent:.0f} s): {rep} of {reps} repetitions")
+            break
         progress(f"repetition {rep + 1}/{reps} over {len(runners)} engine configurations")
         k = rep % len(runners)
         for kind, n in steps:

@@ -44,6 +44,7 @@ def test_quick_json_has_every_figure_of_ours_and_names_the_missing_peer(root, no
     assert wb["embed_row"] == HIDDEN * 2                          # one f16 row
     assert wb["head"] == VOCAB * HIDDEN // 2 + VOCAB * HIDDEN // 16 + 4   # codes + E4M3 scales + tscale
     assert out["copy_bandwidth_gb_s"] > 0.1
+    assert out["cpu_use"]["self_cores"] > 0.1 and out["cpu_use"]["others_cores"] >= 0.0
     assert out["cpu"]["cores"] == os.cpu_count()
 
 
@@ -95,6 +96,8 @@ def test_quick_load_mode_reports_idle_and_loaded_rows(root, no_peer, capsys):
     rows = out["load"]["rows"]
     assert [r["busy"] for r in rows] == [0, 1]
     assert rows[0]["kvdeck_ratio"] == 1.0 and rows[1]["kvdeck"] > 0
+    assert rows[0]["cpu_use"]["busy_children_cores"] == 0.0
+    assert rows[1]["cpu_use"]["busy_children_cores"] > 0.1     # the busy process really ran beside
     assert "missing" in out["llama_cpp"]
 
 
