@@ -288,8 +288,10 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
     if args.resume:
         store = Store.open(db_path(args))
         sid = store.resolve(args.resume)
-        calls = store.db.execute("SELECT coalesce(max(call), 0) FROM engine_calls WHERE session_id = ?", [sid]).fetchone()[0]
-        resume = (store.run_config(sid), store.conversation(sid), calls)
+        calls, turns = store.db.execute("SELECT (SELECT coalesce(max(call), 0) FROM engine_calls WHERE session_id = ?), "
+                                        "(SELECT coalesce(max(turn), 0) FROM turns WHERE session_id = ?)",
+                                        [sid, sid]).fetchone()
+        resume = (store.run_config(sid), store.conversation(sid), calls, turns)
         store.close()
         eng = engine_for(resume[0])  # as the session ran (weights, KV, pool)
     else:
@@ -306,11 +308,11 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
 
     agent = new_agent(sid)
     if resume:
-        agent.restore(resume[1], resume[2])
+        agent.restore(resume[1], resume[2], resume[3])
     start(agent, writer, prewarm=not args.no_prewarm, title="chat", model=args.model_name)
     where = f"stored as session {sid[:7]} in {writer.path}" if writer else "not stored"
     print(f"kvdeck chat — {eng.config.model} ({eng.weight_format} weights, {eng.kv_format} KV, {eng.backend}); "
-          f"{where}" + (f"; resumed at turn {agent.turn}" if resume else "") +
+          f"{where}" + (f"; resumed after turn {agent.turn}" if resume else "") +
           ". Ctrl-C stops a reply; /new starts a new session; empty line or Ctrl-D quits.")
     try:
         while True:

@@ -161,9 +161,10 @@ class Agent:
         self.detector.record(static, self.prompt.segments[:2], [], "stop")
         return out
 
-    def restore(self, messages: list[tuple[int, str, str, tuple[int, ...]]], calls: int = 0) -> None:
+    def restore(self, messages: list[tuple[int, str, str, tuple[int, ...]]], calls: int = 0, turns: int = 0) -> None:
         """Continue a stored conversation: (turn, role, content, ids) in order, turn 0 = system, tools;
-        `calls` = the engine calls it made (the next call is numbered after them).
+        `calls` / `turns` = the engine calls and turns it recorded, failed ones included (the next
+        ones are numbered after them).
 
         The stored static prefix must equal this agent's (same system prompt and tools), else ValueError.
         """
@@ -175,6 +176,7 @@ class Agent:
                              "(tools folder or system prompt changed since it was recorded)")
         self._static_sent = True
         self.call_index = max(self.call_index, calls)
+        self.turn = max(self.turn, turns)
         for turn, role, _content, ids in messages:
             if turn > 0:
                 self.prompt._append(role, list(ids), turn)

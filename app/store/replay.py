@@ -134,7 +134,7 @@ def compare(a: dict, b: dict) -> dict:
 def side_by_side(a_calls: list[dict], b_calls: list[dict], a_label: str, b_label: str) -> list[str]:
     head = f"{'turn':>4} {'call':>4} {'kind':<8} | {'prompt':>6} {'cached':>6} {'comp':>6} {'ttft_s':>7} " \
            f"| {'prompt':>6} {'cached':>6} {'comp':>6} {'ttft_s':>7}"
-    lines = [f"{'':<19}| {a_label:<29}| {b_label}", head]
+    lines = [f"A: {a_label}", f"B: {b_label}", f"{'':<19}| {'A':<29}| B", head]
     by_a = {(c["turn"], c["call"]): c for c in a_calls}
     by_b = {(c["turn"], c["call"]): c for c in b_calls}
     for key in sorted(set(by_a) | set(by_b)):  # calls are numbered alike: the pre-warm is call 0

@@ -149,7 +149,7 @@ class StoreWriter:
             self._write_idle()
             st.turn = ev.turn
             with _immediate(self.db):
-                self.db.execute("INSERT OR REPLACE INTO turns (session_id, turn, user_text, tool_choice, now, status, "
+                self.db.execute("INSERT INTO turns (session_id, turn, user_text, tool_choice, now, status, "
                                 "started) VALUES (?, ?, ?, ?, ?, 'running', ?)",
                                 [sid, ev.turn, ev.user_text, ev.tool_choice, ev.now, ev.t_wall])
         elif isinstance(ev, MessageAdded):

@@ -63,7 +63,24 @@ def test_kill_9_mid_turn_keeps_the_completed_turns_and_marks_the_interrupted_one
     assert [(m["turn"], m["role"]) for m in d["messages"]] == [(0, "system"), (0, "tools"), (1, "user"), (1, "assistant")]
     assert [(c["turn"], c["call"]) for c in d["engine_calls"]] == [(1, 1)]
     assert d["turns"][0]["answer"] is not None and d["session"]["status"] == "closed"
-    assert [m[0] for m in store.conversation(sid)] == [0, 0, 1, 1]  # what --resume would rebuild
+    assert [m[0] for m in store.conversation(sid)] == [0, 0, 1, 1]  # what --resume rebuilds
+    store.close()
+
+    # --resume continues it: the next turn is numbered after the interrupted one and its prompt
+    # extends turn 1's prompt + reply (the rebuilt token ids)
+    again = subprocess.run([sys.executable, "-m", "app", "chat", "--db", str(db), "--resume", sid[:5], "--no-prewarm"],
+                           input="Again, please.\n\n", capture_output=True, cwd=tmp_path, env=_env(tmp_path), text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "resumed after turn 2" in again.stdout, again.stderr
+    store = Store.open(db)
+    assert [(t["turn"], t["status"]) for t in store.rows("turns", sid)] == [(1, "complete"), (2, "incomplete"),
+                                                                            (3, "complete")]
+    calls = store.rows("engine_calls", sid)
+    msgs = store.session(sid)["messages"]
+    turn1 = [i for m in msgs if m["turn"] in (0, 1) for i in m["token_ids"]]
+    (user3,) = [m for m in msgs if m["turn"] == 3 and m["role"] == "user"]
+    assert user3["start"] == len(turn1)  # turn 3's message follows turn 1's reply, token for token
+    assert [c["turn"] for c in calls] == [1, 3] and calls[1]["call"] == 2
 
 
 def _main(argv, capsys) -> tuple[int, str]:
