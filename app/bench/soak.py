@@ -37,21 +37,14 @@ def soak(turns: int, max_tokens: int, kv_pages: int | None = None, progress=None
     """Run `turns` user turns in one session; returns the figures (see the module docstring)."""
     import psutil
 
-    from app.__main__ import _agent, _load, _pool
-    from app.config import load_settings
+    from app.__main__ import _agent, _load
     from app.events import EngineCallFinished, ToolCalled, TurnFailed
 
-    args = argparse.Namespace(model=None, weights=None, kv=None, threads=None, max_tokens=max_tokens,
+    args = argparse.Namespace(model=None, weights=None, kv=None, threads=None, kv_pages=kv_pages, max_tokens=max_tokens,
                               temperature=0.0, top_k=0, top_p=1.0, seed=0, no_prewarm=False)
     proc = psutil.Process()
     t0 = time.perf_counter()
-    if kv_pages:
-        from app.engine import load_engine
-
-        s = load_settings().engine
-        eng = load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None, **_pool(s, kv_pages))
-    else:
-        eng = _load(args)
+    eng = _load(args)  # exactly as `kvdeck run` loads it: [engine] settings, the pool sized by _pool
     agent = _agent(args, eng)
     rss_load = proc.memory_info().rss
     calls: list[EngineCallFinished] = []
