@@ -99,7 +99,11 @@ class Store:
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Store:
-        store = cls(connect(path), str(path))
+        """Open (create, migrate) the database at `path`; StoreError when it is not one."""
+        try:
+            store = cls(connect(path), str(path))
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise StoreError(f"{path}: cannot open the sessions database ({e})") from None
         store.mark_interrupted()
         return store
 

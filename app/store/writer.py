@@ -84,7 +84,9 @@ class StoreWriter:
         self._thread.start()
         self._ready.wait(30)
         if self.errors:
-            raise RuntimeError(f"{self.path}: cannot open the sessions database ({self.errors[0]})")
+            from app.store.db import StoreError
+
+            raise StoreError(f"{self.path}: cannot open the sessions database ({self.errors[0]})")
 
     # ---- the caller's side ----------------------------------------------------------------
     def __call__(self, event) -> None:

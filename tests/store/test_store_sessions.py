@@ -149,3 +149,13 @@ def test_the_shipped_seed000_session_imports_with_its_ledger(tmp_path):
     steady = sum(c["cached_tokens"] for c in calls[1:]) / sum(c["prompt_tokens"] for c in calls[1:])
     assert steady > 0.9  # the recorded reuse of the task's own calls
     assert len(store.rows("tool_results", sid)) == 3
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path):
+    bad = tmp_path / "notes.db"
+    bad.write_text("these are my notes, not a database " * 20)
+    with pytest.raises(StoreError, match="notes.db: cannot open the sessions database"):
+        Store.open(bad)
+    with pytest.raises(StoreError, match="notes.db: cannot open the sessions database"):
+        StoreWriter(bad)
+    assert bad.read_text().startswith("these are my notes")  # left as it was
