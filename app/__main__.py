@@ -382,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, ConfigError, ValueError, StoreError) as e:
         sys.stderr.write(f"kvdeck: error: {e}\n")
         return 2
+    except KeyboardInterrupt:  # outside a reply (e.g. while the model loads): stop quietly
+        sys.stderr.write("\nkvdeck: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":
