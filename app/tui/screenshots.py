@@ -2,8 +2,9 @@
 
     .venv/bin/python -m app.tui.screenshots [--session tests/tui/data/session.jsonl] [--out assets/screenshots]
 
-Writes main-160x48, main-80x24 (+ its Prompt and Pool tabs), inspector-120x36, help-80x24 and the
-light / 16-colour variants of the main screen, as .svg and (when cairosvg is installed) .png.
+Writes main-160x48, main-80x24 (+ its Prompt, Pool and Engine tabs), inspector-120x36, help-80x24
+and the light / 16-colour variants of the main screen as .png (cairosvg, `pip install cairosvg`;
+without it the .svg stays).
 The session is the recording tests/tui/record_session.py made on the real engine.
 """
 
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--session", type=Path, default=SESSION)
     p.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshots")
     p.add_argument("--only", help="one shot's name")
+    p.add_argument("--keep-svg", action="store_true", help="keep the SVGs next to the PNGs")
     args = p.parse_args(argv)
     os.environ.setdefault("TZ", "UTC")
     time.tzset()
@@ -97,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         svg = asyncio.run(_shoot(args.out, args.session, name, size, keys, theme))
         png = to_png(svg)
-        print(svg, png or "(no cairosvg: SVG only)")
+        if png is not None and not args.keep_svg:
+            svg.unlink()
+        print(png or f"{svg} (no cairosvg: SVG only)")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -10,28 +10,33 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = (
-    ("everywhere", (("F1 or ?", "this help"), ("F2", "sessions (list, search, open, replay, export, delete)"),
-                    ("F3", "cache inspector (radix tree, last prefix break)"),
-                    ("F4", "settings (model, formats, pool, pre-warm, tools) — applied by reloading"),
-                    ("Ctrl+T", "next theme: dark, light, 16-colour dark, 16-colour light"),
-                    ("Ctrl+Q", "quit"), ("Tab / Shift+Tab", "move between panels and fields"))),
-    ("main screen", (("Enter", "send the message"), ("Esc", "cancel the turn in flight (the session stays)"),
-                     ("F5 F6 F7 F8", "Chat / Prompt / Pool / Engine tab (80×24 layout)"),
-                     ("↑ ↓ PgUp PgDn", "scroll the transcript (when focused)"),
-                     ("Enter on a tool call", "expand / collapse its arguments and result"))),
-    ("lists", (("↑ ↓", "move"), ("Enter", "open"), ("Esc", "back"))),
+    ("everywhere", (("F1 or ?", "this help"), ("F2", "stored sessions"), ("F3", "cache inspector (radix tree)"),
+                    ("F4", "settings (applied by reloading the engine)"),
+                    ("Ctrl+T", "theme: dark, light, 16-colour dark / light"),
+                    ("Ctrl+Q", "quit"), ("Tab, Shift+Tab", "next / previous panel or field"))),
+    ("main screen", (("Enter", "send the message"), ("Esc", "cancel the turn (the session stays)"),
+                     ("F5 F6 F7 F8", "Chat, Prompt, Pool, Engine tabs (80×24)"),
+                     ("↑ ↓ PgUp PgDn", "scroll the focused panel"),
+                     ("Enter on a tool", "show its arguments, result and time"))),
+    ("sessions (F2)", (("text + Enter", "search messages and tool results"),
+                       ("↑ ↓", "highlight: its ledger and messages"),
+                       ("c", "continue it here (fresh conversation)"),
+                       ("m, then p", "mark one, compare another with it"),
+                       ("e", "export JSON to the current folder"), ("d d", "delete"), ("Esc", "back"))),
+    ("cache inspector (F3)", (("↑ ↓ ← →", "move, fold, unfold"), ("r", "read the tree again"), ("Esc", "back"))),
+    ("settings (F4)", (("Tab", "next field"), ("Ctrl+S", "apply: reload the engine"), ("Esc", "cancel"))),
 )
 
 
-def keys_table() -> Table:
-    t = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column()
+def keys_text() -> Text:
+    """The keys, one per line: the key in a 16-cell column, then what it does."""
+    t = Text()
     for section, rows in KEYS:
-        t.add_row(f"[underline]{section}[/]", "")
+        t.append(f"{section}\n", style="bold underline")
         for key, what in rows:
-            t.add_row(key, what)
-        t.add_row("", "")
+            t.append(f"  {key:<16}", style="bold")
+            t.append(f"{what}\n")
+        t.append("\n")
     return t
 
 
@@ -39,11 +44,11 @@ class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,f1,q,question_mark", "app.pop_screen", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 80%; max-width: 90; height: 80%; border: round $accent; padding: 0 1;
+    HelpScreen > VerticalScroll { width: 96%; max-width: 76; height: 90%; border: round $accent; padding: 0 1;
                                   background: $surface; }
     """
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static("[b]kvdeck keys[/b] — keyboard first; no mouse needed\n")
-            yield Static(keys_table())
+            yield Static(keys_text())

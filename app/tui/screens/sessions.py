@@ -107,7 +107,8 @@ class SessionsScreen(Screen):
             table.add_row(self.store.short(s["id"]), started, title[:40], str(s.get("turns", "")),
                           str(s.get("calls", "")), s.get("status") or "", key=s["id"])
         self.note(f"{len(sessions)} sessions in {self.store.path}" + (f" · marked {self.store.short(self.marked)}"
-                                                                      if self.marked else ""))
+                                                                      if self.marked else "")
+                  + " · a replay under other settings: kvdeck replay ID --with kv=nvfp4, then compare here")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if self.store is None:

@@ -66,6 +66,7 @@ class PoolPanel(Vertical):
     PoolPanel { height: 1fr; }
     PoolPanel #gauge { height: auto; }
     PoolPanel Sparkline { height: 2; margin: 0 0 1 0; }
+    PoolPanel .label { height: 1; color: $text-muted; }
     PoolPanel DataTable { height: 1fr; min-height: 4; }
     """
 
@@ -76,6 +77,7 @@ class PoolPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="gauge")
+        yield Static("used pages", id="usedlabel", classes="label")
         yield Sparkline([], id="used")
         table = DataTable(id="evictions", cursor_type="row", zebra_stripes=False)
         table.add_columns("time", "pages", "at", "prefix", "owner", "reason")
@@ -86,6 +88,13 @@ class PoolPanel(Vertical):
 
     def on_resize(self) -> None:
         self.sync(force=True)
+
+    def owners(self) -> str:
+        """Pages per owner (engine session) in the radix tree the state last read."""
+        shares: dict[int, int] = {}
+        for n in self.state.tree:
+            shares[n.get("owner", 0)] = shares.get(n.get("owner", 0), 0) + len(n.get("pages", ()))
+        return " · ".join(f"s{o} {p}p" for o, p in sorted(shares.items()))
 
     def sync(self, force: bool = False) -> None:
         st = self.state
@@ -102,14 +111,19 @@ class PoolPanel(Vertical):
             t = gauge(snap, width)
             t.append("\n")
             t.append(legend(snap))
+            if st.tree:
+                t.append(f"\nper session: {self.owners()}")
             if st.dropped_events:
                 t.append(f"\n{st.dropped_events} cache events lost to a full ring", style="red")
             g.update(t)
-        self.query_one(Sparkline).data = list(st.pool_history) or [0]
+        hist = list(st.pool_history)
+        if hist:
+            self.query_one("#usedlabel", Static).update(f"used pages over {len(hist)} snapshots: {min(hist)}–{max(hist)}")
+        self.query_one(Sparkline).data = hist or [0]
         table = self.query_one(DataTable)
         table.clear()
         if not st.evictions:
             table.add_row("—", "", "", "no evictions yet", "", "")
         for ev in list(st.evictions)[:50]:
             table.add_row(time.strftime("%H:%M:%S", time.localtime(ev.t_wall)), str(ev.pages), str(ev.at),
-                          ev.head_text[:32] or "?", f"s{ev.owner}", ev.reason)
+                          ev.head_text[:24] or "?", f"s{ev.owner}", ev.reason)

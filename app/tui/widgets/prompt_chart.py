@@ -69,11 +69,11 @@ class PromptChart(Vertical):
     BORDER_TITLE = "prompt per engine call"
     DEFAULT_CSS = """
     PromptChart { height: 1fr; }
-    PromptChart #bars { height: 1fr; }
-    PromptChart #calls { height: auto; max-height: 9; }
+    PromptChart #bars { height: auto; max-height: 1fr; margin: 0 0 1 0; }
+    PromptChart #calls { height: auto; }
     """
 
-    def __init__(self, state: ConsoleState, window: int = 12, table_rows: int = 4, **kw) -> None:
+    def __init__(self, state: ConsoleState, window: int = 12, table_rows: int = 6, **kw) -> None:
         super().__init__(**kw)
         self.state = state
         self.window = window
@@ -92,8 +92,9 @@ class PromptChart(Vertical):
 
     def sync(self, force: bool = False) -> None:
         box = self.query_one("#bars", Static)
-        fit = box.size.height if box.size.height > 0 else self.window
-        window = max(1, min(self.window, fit))
+        # the rows the panel has: less its border, the table (header + rows + total) and a gap
+        fit = self.size.height - 2 - (min(self.table_rows, len(self.state.calls)) + 2) - 1
+        window = max(1, min(self.window, fit)) if self.size.height else self.window
         key = (len(self.state.calls), window, box.size.width)
         if not force and key == self._seen:
             return
