@@ -266,7 +266,8 @@ def run_once(args, eng, toolbox: Toolbox) -> int:
                        system_prompt=args.system)
     printer = Printer(agent, args.json)
     try:
-        start(agent, writer, prewarm=not args.no_prewarm, title=args.prompt[:60], model=args.model_name)
+        start(agent, writer, prewarm=not args.no_prewarm, title=args.prompt[:60], model=args.model_name,
+              sink=printer)  # --json prints the pre-warm's ledger line too
         sink = (lambda ev: (writer(ev), printer(ev))) if writer else printer
         interrupted = drive(agent, lambda: agent.run_turn(args.prompt, args.tool_choice), sink)
     finally:
