@@ -159,3 +159,24 @@ def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="notes.db: cannot open the sessions database"):
         StoreWriter(bad)
     assert bad.read_text().startswith("these are my notes")  # left as it was
+
+
+def test_where_the_database_lives(tmp_path, monkeypatch):
+    import argparse
+
+    import platformdirs
+
+    from app.chat import db_path
+
+    monkeypatch.setenv("KVDECK_CONFIG", str(tmp_path / "none.toml"))
+    assert db_path(argparse.Namespace(db=None)) == Path(platformdirs.user_data_dir("kvdeck")) / "kvdeck.db"
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[store]\npath = "{tmp_path / "mine.db"}"\n')
+    monkeypatch.setenv("KVDECK_CONFIG", str(cfg))
+    assert db_path(argparse.Namespace(db=None)) == tmp_path / "mine.db"
+    assert db_path(argparse.Namespace(db=str(tmp_path / "flag.db"))) == tmp_path / "flag.db"  # --db wins
+    cfg.write_text('[store]\npth = "x"\n')
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[store\] has unknown field 'pth'"):
+        db_path(argparse.Namespace(db=None))
