@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +259,7 @@ def _levels(text: str) -> list[int]:
 def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvdeck bench cpu", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--save", metavar="FILE", help="also write the JSON object to FILE")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both engines")
     ap.add_argument("--reps", type=int, help="timed repetitions per figure, the fastest reported "
                     "(default 2; 3 with --load)")
@@ -281,6 +283,7 @@ def run(argv: list[str]) -> int:
     plan = (LOAD_QUICK if args.quick else LOAD) if levels else (QUICK if args.quick else FULL)
     say = (lambda *a: None) if args.json else print
 
+    t_start = time.monotonic()
     ids = np.random.default_rng(SEED).integers(*TOKEN_RANGE, size=plan.n_ctx, dtype=np.int32)
     from app.bench.kernels import copy_bandwidth
 
@@ -301,12 +304,16 @@ def run(argv: list[str]) -> int:
         run_load(args, levels, plan, ids, say, out)
     else:
         run_table(args, plan, ids, say, out)
+    out["elapsed_s"] = time.monotonic() - t_start
+    say(f"the run took {out['elapsed_s']:.0f} s")
     after = out["load_avg_1min_after"] = load_avg()
     if after is not None and la is not None:
         busy = max(la, after) > 0.75 * facts["cores"]
         say(f"1-min load average {la:.2f} before, {after:.2f} after, on {facts['cores']} cores"
             + ("; the machine was busy with other work: these figures are its noise as much as the "
                "engines' speed" if busy else ""))
+    if args.save:
+        Path(args.save).write_text(json.dumps(out, indent=1) + "\n")
     if args.json:
         print(json.dumps(out, indent=1))
     return 0
