@@ -208,14 +208,16 @@ class CpuBackend final : public Backend {
                                G, D, out + size_t(g) * G * D);
       return;
     }
-    // One task per (query, KV head); later queries see more context, and tasks are claimed
-    // dynamically, so the load balances itself.
-    const size_t work_floats = cpu::attention_work_floats(G, ctx, pool.block(), D);
-    pool_.run(M * nkv, [&](int task, int thread) {
-      const int m = task / nkv, g = task % nkv;
-      const float* qm = q + static_cast<size_t>(m) * ldq + static_cast<size_t>(g) * G * D;
-      float* om = out + static_cast<size_t>(m) * nh * D + static_cast<size_t>(g) * G * D;
-      cpu::attention_query(kv, g, qm, G, p0 + m + 1, scale, om, scratch(thread, work_floats).data());
+    // One task per (tile of queries, KV head): the tile's queries share each page they read
+    // (attention_queries). Later tiles see more context; tasks are claimed dynamically, so the
+    // load balances itself.
+    const int QT = attn_tile_, tiles = (M + QT - 1) / QT;
+    const size_t work_floats = cpu::attention_queries_work_floats(QT, G, ctx, pool.block(), D);
+    pool_.run(tiles * nkv, [&](int task, int thread) {
+      const int tile = tiles - 1 - task / nkv, g = task % nkv;  // longest contexts first
+      const int m0 = tile * QT, m1 = std::min(M, m0 + QT);
+      cpu::attention_queries(kv, g, q, size_t(ldq), G, m0, m1, p0, scale, out, size_t(nh) * D,
+                             scratch(thread, work_floats).data());
     });
   }
 
@@ -253,6 +255,13 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
+  // Queries per prefill attention tile (KVDECK_ATTN_TILE, 1..64; 1 = a query at a time, the
+  // pre-tiling behaviour, kept for A/B measurements).
+  int attn_tile_ = [] {
+    const char* s = std::getenv("KVDECK_ATTN_TILE");
+    const int v = s && *s ? std::atoi(s) : cpu::kAttnQueryTile;
+    return std::clamp(v, 1, 64);
+  }();
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // [threads] per-thread work buffers
   std::vector<float> workspace_;   // nvfp4 prefill: dequantised K,V of one layer's context

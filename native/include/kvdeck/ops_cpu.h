@@ -72,4 +72,19 @@ inline size_t attention_work_floats(int G, int ctx, int block, int D) {
   return S * G * (D + 2) + 2 * size_t(block) * D;
 }
 
+// Causal attention of the queries m0..m1-1 (at positions p0+m, ctx p0+m+1) for KV head g,
+// computed as a tile: each page of the context is loaded once for every query (and head) of
+// the tile that sees it, instead of once per query. Bit for bit the result of attention_query
+// per query (the same page steps, segments and combine), so a prefill still equals decode.
+//   q  : query m's G heads at q + m*ldq + g*G*D (f32, roped)
+//   out: query m's G heads at out + m*ldo + g*G*D
+//   work: attention_queries_work_floats(m1 - m0, G, p0 + m1, block, D) floats
+constexpr int kAttnQueryTile = 16;  // queries per tile: 16 x G rows reuse each 2*block*D page in L1
+void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,
+                       float scale, float* out, size_t ldo, float* work);
+inline size_t attention_queries_work_floats(int n_queries, int G, int ctx, int block, int D) {
+  const size_t S = (ctx + attn_segment(block) - 1) / attn_segment(block);
+  return size_t(n_queries) * S * G * (D + 2) + 2 * size_t(block) * D;
+}
+
 }  // namespace kvdeck::cpu

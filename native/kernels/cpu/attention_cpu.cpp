@@ -7,6 +7,7 @@
 // (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu).
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/kernels_impl.h"
 #include "kvdeck/kernels.h"
@@ -130,6 +131,61 @@ void attention_combine(const float* o, const float* m, const float* l, int S, in
     }
     const float inv = 1.0f / L;
     for (int i = 0; i < D; ++i) oh[i] *= inv;
+  }
+}
+
+void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,
+                       float scale, float* out, size_t ldo, float* work) {
+  const int D = kv.D, Qn = m1 - m0, seg = attn_segment(kv.block);
+  const int Smax = (p0 + m1 + seg - 1) / seg;
+  float* o = work;                                  // [Qn, Smax, G, D]
+  float* m = o + size_t(Qn) * Smax * G * D;         // [Qn, Smax, G]
+  float* l = m + size_t(Qn) * Smax * G;             // [Qn, Smax, G]
+  float* tile = l + size_t(Qn) * Smax * G;          // [2, block, D]
+  auto qp = [&](int i) { return q + size_t(m0 + i) * ldq + size_t(g) * G * D; };
+  auto ctx_of = [&](int i) { return p0 + m0 + i + 1; };
+  auto part = [&](int i, int s, int h) { return size_t(i) * Smax * G + size_t(s) * G + h; };
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_supports("avx2");
+  const bool rows = avx2 && D % 8 == 0 && D <= 128 && kv.block <= 64;
+#else
+  const bool rows = false;
+#endif
+  thread_local std::vector<const float*> rq;
+  thread_local std::vector<float*> ro, rm, rl;
+  thread_local std::vector<int> rend;
+  for (int s = 0; s < Smax; ++s) {
+    const int t0 = s * seg;
+    if (rows) {
+      rq.clear(), ro.clear(), rm.clear(), rl.clear(), rend.clear();
+      for (int i = 0; i < Qn; ++i) {
+        const int ctx = ctx_of(i);
+        if (ctx <= t0) continue;
+        for (int h = 0; h < G; ++h) {
+          rq.push_back(qp(i) + size_t(h) * D);
+          ro.push_back(o + part(i, s, h) * D);
+          rm.push_back(m + part(i, s, h));
+          rl.push_back(l + part(i, s, h));
+          rend.push_back(ctx < t0 + seg ? ctx : t0 + seg);
+        }
+      }
+#if defined(__x86_64__)
+      if (attention_rows_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
+                              rl.data(), tile))
+        continue;
+#endif
+    }
+    for (int i = 0; i < Qn; ++i) {  // portable path: one query's segment at a time
+      const int ctx = ctx_of(i);
+      if (ctx <= t0) continue;
+      attention_segment(kv, g, qp(i), G, t0, ctx < t0 + seg ? ctx : t0 + seg, scale, o + part(i, s, 0) * D,
+                        m + part(i, s, 0), l + part(i, s, 0), tile);
+    }
+  }
+  for (int i = 0; i < Qn; ++i) {
+    const int S = (ctx_of(i) + seg - 1) / seg;
+    attention_combine(o + part(i, 0, 0) * D, m + part(i, 0, 0), l + part(i, 0, 0), S, G, D,
+                      out + size_t(m0 + i) * ldo + size_t(g) * G * D);
   }
 }
 
