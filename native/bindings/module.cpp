@@ -8,6 +8,7 @@ void bind_formats(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_engine(py::module_& m);
 void bind_loader(py::module_& m);
+void bind_backend(py::module_& m);
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "kvdeck native engine (C++): formats, CPU kernels, engine";
@@ -15,4 +16,5 @@ PYBIND11_MODULE(_native, m) {
   bind_kernels(m);
   bind_engine(m);
   bind_loader(m);
+  bind_backend(m);
 }

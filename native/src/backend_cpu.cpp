@@ -155,8 +155,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, int p0,
+  void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
                  const int32_t* pages, int nh, int nkv, int D, float* out) override {
+    const int p0 = pos[0];  // host memory: the CPU backend's memory
     const int G = nh / nkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const int ctx = p0 + M;
@@ -272,5 +273,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
+  if (name == "cpu") return make_cpu_backend(threads);
+  throw std::invalid_argument("backend '" + name + "' is not available in this build (available: cpu)");
+}
 
 }  // namespace kvdeck

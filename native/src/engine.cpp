@@ -15,6 +15,7 @@ struct Engine::Scratch {
   int rows;
   std::vector<void*> bufs;
   float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *logits;  // see sizes below
+  float* inv_freq;  // [D/2] the RoPE table, uploaded once
   int32_t *ids, *pos, *slots, *pages;
   QuantScratch xq;
   int logit_rows, max_pages;
@@ -39,6 +40,8 @@ struct Engine::Scratch {
     pos = i(M);
     slots = i(M);
     pages = i(max_pages);
+    inv_freq = f(c.rope_inv_freq.size());
+    be.upload(inv_freq, c.rope_inv_freq.data(), sizeof(float) * c.rope_inv_freq.size());
     const int Kmax = round_up(std::max(c.hidden, std::max(c.intermediate, int(QD))), kQ8Block);
     xq.act.q = static_cast<int8_t*>(alloc(size_t(M) * Kmax));
     xq.act.d = static_cast<float*>(alloc(sizeof(float) * M * (Kmax / kQ8Block)));
@@ -80,9 +83,7 @@ Engine::Engine(ModelConfig config, EngineOptions options)
     throw std::invalid_argument("model config: num_attention_heads must be a multiple of num_key_value_heads");
   if (c.head_dim % 2 != 0 || int(c.rope_inv_freq.size()) != c.head_dim / 2)
     throw std::invalid_argument("model config: rope_inv_freq must have head_dim/2 entries");
-  if (options_.backend != "cpu")
-    throw std::invalid_argument("backend '" + options_.backend + "' is not available in this build (cpu)");
-  backend_ = make_cpu_backend(options_.threads);
+  backend_ = make_backend(options_.backend, options_.threads);
   backend_name_ = backend_->name();
   threads_ = backend_->threads();
   const int B = options_.kv_block;
@@ -157,6 +158,10 @@ void Engine::set_weights(ModelWeights w) {
     if (c.attn_bias && (!L.bq || !L.bk || !L.bv)) throw std::invalid_argument("weights: " + p + " biases missing");
     if (c.qk_norm && (!L.q_norm || !L.k_norm)) throw std::invalid_argument("weights: " + p + " q/k norms missing");
   }
+  // The backend's chance to repack each linear (the embedding stays a row table).
+  backend_->prepare_weight(w.lm_head);
+  for (LayerWeights& L : w.layers)
+    for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) backend_->prepare_weight(*v);
   weights_ = std::move(w);
   weights_set_ = true;
 }
@@ -450,10 +455,10 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
       be.rmsnorm(S.q, L.q_norm, M * nh, D, c.rms_eps, S.q);
       be.rmsnorm(S.k, L.k_norm, M * nkv, D, c.rms_eps, S.k);
     }
-    be.rope(S.q, M, nh, D, QD, S.pos, c.rope_inv_freq.data());
-    be.rope(S.k, M, nkv, D, KD, S.pos, c.rope_inv_freq.data());
+    be.rope(S.q, M, nh, D, QD, S.pos, S.inv_freq);
+    be.rope(S.k, M, nkv, D, KD, S.pos, S.inv_freq);
     be.kv_write(*pool_, l, S.k, S.v, KD, S.slots, M);
-    be.attention(*pool_, l, S.q, QD, M, p0, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
+    be.attention(*pool_, l, S.q, QD, M, S.pos, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
     if (cancel && M > 1 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     S.xq.valid = false;
     if (is_integer(L.wo.dtype)) be.quantize_input(S.attn, M, QD, S.xq);

@@ -62,22 +62,34 @@ class Backend {
   // x[m, j] += b[j]                                  x: f32 [M, n] (row stride ld)
   virtual void add_bias(float* x, const float* b, int M, int n, int ld) = 0;
   // Rotate-half RoPE in place over heads of D at positions pos[m].
-  //   x: f32 [M, n_heads, D] (row stride ld); inv_freq: f32 [D/2]
+  //   x: f32 [M, n_heads, D] (row stride ld); pos: i32 [M]; inv_freq: f32 [D/2] — all three
+  //   in backend memory (a device never reads a host pointer).
   virtual void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos,
                     const float* inv_freq) = 0;
   // Write k, v rows (f32 [M, nkv*D], row stride ld) into the layer's pool slots.
   virtual void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
                         const int32_t* slots, int M) = 0;
-  // Causal attention of M queries at positions p0..p0+M-1 over ctx = p0+M cached tokens.
+  // Causal attention of M queries at consecutive positions pos[0]..pos[0]+M-1 over
+  // ctx = pos[0]+M cached tokens. Positions are read from backend memory (pos: i32 [M], the
+  // array rope read), so a captured decode step (CUDA graph) replays with new positions.
   //   q: f32 [M, nh*D] (row stride ldq), pages: i32 [ceil(ctx/block)], out: f32 [M, nh*D]
-  virtual void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, int p0,
+  virtual void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
                          const int32_t* pages, int nh, int nkv, int D, float* out) = 0;
   // y[m, j] = silu(a[m, j]) * b[m, j]               a, b, y: f32 [M, n]
   virtual void silu_mul(const float* a, const float* b, int M, int n, float* y) = 0;
   // x += y                                           f32 [n]
   virtual void add(float* x, const float* y, size_t n) = 0;
+
+  // ---- load time --------------------------------------------------------------------
+  // Called once per linear weight after all weights are uploaded, before the first forward:
+  // a backend may repack w into a layout of its own (allocating backend memory it owns and
+  // frees) and rewrite the view. The CPU backend keeps the file layout.
+  virtual void prepare_weight(WeightView& w) { (void)w; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+// The backend named `name` ("cpu"; others where built), or std::invalid_argument naming the
+// backends this build has.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads);
 
 }  // namespace kvdeck

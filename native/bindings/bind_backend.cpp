@@ -1,0 +1,186 @@
+// Python bindings of one Backend's ops, for the backend-vs-reference op tests
+// (tests/native/test_backend_ops.py, after llama.cpp's test-backend-ops): every op of
+// kvdeck/backend.h on numpy inputs, copied into backend memory, run, copied back.
+// No logic here beyond the copies; shapes are checked so a wrong call raises, never crashes.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kvdeck/backend.h"
+#include "kvdeck/formats.h"
+#include "kvdeck/kv_pool.h"
+
+namespace py = pybind11;
+using namespace kvdeck;
+
+namespace {
+
+template <typename T>
+using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+void require(bool ok, const char* msg) {
+  if (!ok) throw std::invalid_argument(msg);
+}
+
+// A backend with device buffers that live as long as one op call.
+class BackendOps {
+ public:
+  BackendOps(const std::string& name, int threads) : be_(make_backend(name, threads)) {}
+  ~BackendOps() { release(); }
+
+  std::string name() const { return be_->name(); }
+
+  template <typename T>
+  T* put(const Arr<T>& a) {
+    void* p = be_->alloc(std::max<size_t>(1, a.nbytes()));
+    be_->upload(p, a.data(), a.nbytes());
+    bufs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  float* scratch(size_t n) {
+    void* p = be_->alloc(n * sizeof(float));
+    bufs_.push_back(p);
+    return static_cast<float*>(p);
+  }
+  py::array_t<float> get(const float* d, std::vector<py::ssize_t> shape) {
+    py::array_t<float> out(shape);
+    be_->sync();
+    be_->download(out.mutable_data(), d, out.nbytes());
+    return out;
+  }
+  void release() {
+    for (void* p : bufs_) be_->free(p);
+    bufs_.clear();
+  }
+  Backend& be() { return *be_; }
+
+ private:
+  std::unique_ptr<Backend> be_;
+  std::vector<void*> bufs_;
+};
+
+struct Release {  // frees an op's buffers however it ends
+  BackendOps& o;
+  ~Release() { o.release(); }
+};
+
+}  // namespace
+
+void bind_backend(py::module_& m) {
+  py::class_<BackendOps>(m, "BackendOps", "One backend's ops on numpy arrays (tests).")
+      .def(py::init<const std::string&, int>(), py::arg("name") = "cpu", py::arg("threads") = 0)
+      .def_property_readonly("name", &BackendOps::name)
+      .def("rmsnorm",
+           [](BackendOps& o, const Arr<float>& x, const Arr<float>& w, float eps) {
+             Release r{o};
+             require(x.ndim() == 2 && w.ndim() == 1 && w.shape(0) == x.shape(1), "x [M, n], w [n]");
+             const int M = int(x.shape(0)), n = int(x.shape(1));
+             float* y = o.scratch(size_t(M) * n);
+             o.be().rmsnorm(o.put(x), o.put(w), M, n, eps, y);
+             return o.get(y, {M, n});
+           })
+      .def("rope",
+           [](BackendOps& o, const Arr<float>& x, int n_heads, const Arr<int32_t>& pos, const Arr<float>& inv_freq) {
+             Release r{o};
+             require(x.ndim() == 2 && pos.ndim() == 1 && pos.shape(0) == x.shape(0), "x [M, n_heads*D], pos [M]");
+             const int M = int(x.shape(0)), D = int(inv_freq.shape(0)) * 2;
+             require(x.shape(1) == py::ssize_t(n_heads) * D, "x must be [M, n_heads * 2*len(inv_freq)]");
+             float* xd = o.put(x);
+             o.be().rope(xd, M, n_heads, D, n_heads * D, o.put(pos), o.put(inv_freq));
+             return o.get(xd, {M, py::ssize_t(n_heads) * D});
+           })
+      .def("silu_mul",
+           [](BackendOps& o, const Arr<float>& a, const Arr<float>& b) {
+             Release r{o};
+             require(a.ndim() == 2 && a.shape(0) == b.shape(0) && a.shape(1) == b.shape(1), "a, b [M, n]");
+             const int M = int(a.shape(0)), n = int(a.shape(1));
+             float* y = o.scratch(size_t(M) * n);
+             o.be().silu_mul(o.put(a), o.put(b), M, n, y);
+             return o.get(y, {M, n});
+           })
+      .def("add",
+           [](BackendOps& o, const Arr<float>& x, const Arr<float>& y) {
+             Release r{o};
+             require(x.size() == y.size(), "x, y same size");
+             float* xd = o.put(x);
+             o.be().add(xd, o.put(y), size_t(x.size()));
+             return o.get(xd, {x.size()});
+           })
+      .def("add_bias",
+           [](BackendOps& o, const Arr<float>& x, const Arr<float>& b) {
+             Release r{o};
+             require(x.ndim() == 2 && b.ndim() == 1 && b.shape(0) == x.shape(1), "x [M, n], b [n]");
+             const int M = int(x.shape(0)), n = int(x.shape(1));
+             float* xd = o.put(x);
+             o.be().add_bias(xd, o.put(b), M, n, n);
+             return o.get(xd, {M, n});
+           })
+      .def("embed",
+           [](BackendOps& o, const Arr<float>& table, const Arr<int32_t>& ids) {
+             Release r{o};
+             require(table.ndim() == 2, "table [V, H]");
+             const int V = int(table.shape(0)), H = int(table.shape(1)), M = int(ids.size());
+             for (int i = 0; i < M; ++i) require(ids.data()[i] >= 0 && ids.data()[i] < V, "id outside the table");
+             WeightView w;
+             w.dtype = DType::F32, w.N = V, w.K = H, w.Kp = H, w.data = o.put(table);
+             float* x = o.scratch(size_t(M) * H);
+             o.be().embed(w, o.put(ids), M, x);
+             return o.get(x, {M, H});
+           })
+      .def(
+          "matmul",
+          [](BackendOps& o, const Arr<float>& w, const Arr<float>& x, bool quantised_input) {
+            // f32 weights [N, K]; quantised_input runs quantize_input first (the integer paths'
+            // activation step, exercised here on the f32 GEMM as well).
+            Release r{o};
+            require(w.ndim() == 2 && x.ndim() == 2 && w.shape(1) == x.shape(1), "w [N, K], x [M, K]");
+            const int N = int(w.shape(0)), K = int(w.shape(1)), M = int(x.shape(0));
+            WeightView wv;
+            wv.dtype = DType::F32, wv.N = N, wv.K = K, wv.Kp = K, wv.data = o.put(w);
+            o.be().prepare_weight(wv);
+            float* xd = o.put(x);
+            QuantScratch q;
+            if (quantised_input) {
+              const int Kp = round_up(K, kQ8Block);
+              q.act.q = reinterpret_cast<int8_t*>(o.scratch(size_t(M) * Kp / 4 + 1));
+              q.act.d = o.scratch(size_t(M) * Kp / kQ8Block);
+              q.act.s = reinterpret_cast<int32_t*>(o.scratch(size_t(M) * Kp / kQ8Block));
+              o.be().quantize_input(xd, M, K, q);
+            }
+            float* y = o.scratch(size_t(M) * N);
+            o.be().matmul(wv, xd, q, M, y, N);
+            return o.get(y, {M, N});
+          },
+          py::arg("w"), py::arg("x"), py::arg("quantised_input") = false)
+      .def(
+          "attention",
+          [](BackendOps& o, const Arr<float>& q, const Arr<float>& k, const Arr<float>& v, int p0,
+             const std::string& kv) {
+            // q f32 [M, nh*D] at positions p0..p0+M-1; k, v f32 [ctx, nkv, D] with ctx = p0+M,
+            // written into a pool of `kv` pages (block 16) with kv_write, then attention.
+            Release r{o};
+            require(q.ndim() == 2 && k.ndim() == 3 && v.ndim() == 3, "q [M, nh*D], k, v [ctx, nkv, D]");
+            const int M = int(q.shape(0)), ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2));
+            require(ctx == p0 + M && v.shape(0) == ctx && q.shape(1) % D == 0, "ctx must be p0 + M");
+            const int nh = int(q.shape(1)) / D, B = 16, n_pages = (ctx + B - 1) / B;
+            const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+            KvPool pool(o.be(), 1, nkv, D, B, n_pages, dt);
+            std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
+            for (int i = 0; i < n_pages; ++i) pages[i] = pool.alloc_page();
+            for (int t = 0; t < ctx; ++t) slots[t] = pages[t / B] * B + t % B;
+            for (int i = 0; i < M; ++i) pos[i] = p0 + i;
+            auto dev_i32 = [&](const std::vector<int32_t>& h) {
+              return o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(h.size()), h.data())));
+            };
+            o.be().kv_write(pool, 0, o.put(k), o.put(v), nkv * D, dev_i32(slots), ctx);
+            float* out = o.scratch(size_t(M) * nh * D);
+            o.be().attention(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D, out);
+            return o.get(out, {M, py::ssize_t(nh) * D});
+          },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"), py::arg("kv") = "f32");
+  m.def("backends", [] { return std::vector<std::string>{"cpu"}; }, "Backends this build has.");
+}
