@@ -60,14 +60,6 @@ EngineOptions options_from(const py::dict& d) {
   return o;
 }
 
-std::string dtype_of(const py::array& a) {
-  const char k = a.dtype().kind();
-  const auto size = a.dtype().itemsize();
-  if (k == 'f' && size == 4) return "f32";
-  if (k == 'f' && size == 2) return "f16";
-  if (k == 'u' && size == 1) return "u8";
-  return std::string(1, k) + std::to_string(size);
-}
 
 }  // namespace
 
@@ -98,26 +90,6 @@ void bind_engine(py::module_& m) {
              return std::make_unique<Engine>(config_from(config), options_from(options));
            }),
            py::arg("config"), py::arg("options"))
-      .def(
-          "load_weights",
-          [](Engine& e, const py::dict& tensors, bool tie) {
-            NamedTensors named;
-            std::vector<py::array> keep;  // contiguous copies live until the upload is done
-            for (auto item : tensors) {
-              py::array a = py::array::ensure(item.second, py::array::c_style);
-              if (!a) throw std::invalid_argument("weights: " + item.first.cast<std::string>() + " is not an array");
-              keep.push_back(a);
-              HostTensor h;
-              h.data = a.data();
-              h.dtype = dtype_of(a);
-              h.nbytes = size_t(a.nbytes());
-              for (py::ssize_t i = 0; i < a.ndim(); ++i) h.shape.push_back(a.shape(i));
-              named.emplace(item.first.cast<std::string>(), h);
-            }
-            py::gil_scoped_release nogil;
-            load_weights(e, named, tie);
-          },
-          py::arg("tensors"), py::arg("tie_embeddings"))
       .def("open_sequence", &Engine::open_sequence, py::arg("session") = 0, py::call_guard<py::gil_scoped_release>())
       .def("close_sequence", &Engine::close_sequence, py::call_guard<py::gil_scoped_release>())
       .def("sequence_tokens", [](const Engine& e, int s) { return e.sequence(s).tokens; })

@@ -255,14 +255,4 @@ void WeightsBuilder::finish() {
   engine_.set_weights(std::move(w));
 }
 
-// ---- the whole-dict form -------------------------------------------------------------------
-void load_weights(Engine& engine, const NamedTensors& tensors, bool tie_embeddings) {
-  WeightsBuilder b(engine, tie_embeddings);
-  std::vector<const std::string*> names;
-  for (const auto& kv : tensors) names.push_back(&kv.first);
-  std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
-  for (const std::string* n : names) b.add(*n, tensors.at(*n));
-  b.finish();
-}
-
 }  // namespace kvdeck

@@ -74,10 +74,5 @@ class WeightsBuilder {
   mutable std::mutex mu_;
 };
 
-// The whole-dict form: add() every tensor of a map, then finish(). Kept only for the
-// Python binding Engine.load_weights (bind_engine.cpp) until that binding is retired;
-// app/engine/loader.py uploads through WeightsBuilder directly.
-using NamedTensors = std::unordered_map<std::string, HostTensor>;
-void load_weights(Engine& engine, const NamedTensors& tensors, bool tie_embeddings);
 
 }  // namespace kvdeck
