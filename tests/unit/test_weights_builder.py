@@ -78,7 +78,7 @@ def test_strided_input_is_copied_in_row_major_order():
         (lambda t: t.__setitem__("model.norm.weight", np.ones(H + 1, np.float32)),
          r"tensor model\.norm\.weight has shape \[33\], expected \[32\]"),
         (lambda t: t.__setitem__("model.norm.weight", np.ones(H, np.float64)),
-         r"tensor model\.norm\.weight has dtype f8 \(f32, f16 or u8 expected\)"),
+         r"tensor model\.norm\.weight has dtype f8 \(f32, f16, u8 or i8 expected\)"),
         (lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight", np.ones((F, H), np.uint8)),
          r"tensor model\.layers\.0\.mlp\.up_proj\.weight has dtype u8, expected f32 or f16"),
         (lambda t: t.pop("model.layers.0.post_attention_layernorm.weight"),
