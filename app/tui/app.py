@@ -122,6 +122,7 @@ class KvdeckApp(App):
         try:
             built = self.builder(options, lambda stage, frac: post(EngineLoadProgressed(stage, frac)))
             engine, agent = built[:2]
+            self._guard(agent, options)
             hooks = built[2] if len(built) > 2 else SessionHooks()
             result = []
             if hooks.start is not None:
@@ -153,6 +154,37 @@ class KvdeckApp(App):
             self.post_message(TurnEnded("failed", f"{type(e).__name__}: {e}"))
             return
         self.post_message(TurnEnded("cancelled" if self._cancel.is_set() else outcome))
+
+    def _guard(self, agent, options: ConsoleOptions) -> None:
+        """Make the agent ask before its side-effect tools run (ConfirmingExecutor)."""
+        from app.tui.confirm import ConfirmingExecutor
+
+        if getattr(agent, "executor", None) is not None and options.confirm_tools:
+            agent.executor = ConfirmingExecutor(agent.executor, agent.toolkit, options.confirm_tools, self.ask_tool)
+
+    def ask_tool(self, name: str, arguments) -> bool:
+        """On the turn worker: show the question and wait for the answer (False when cancelled)."""
+        from app.tui.confirm import ConfirmToolScreen
+
+        answered = threading.Event()
+        answer = {"yes": False}
+
+        def done(yes: bool | None) -> None:
+            answer["yes"] = bool(yes)
+            answered.set()
+
+        self.call_from_thread(self.push_screen, ConfirmToolScreen(name, arguments), done)
+        while not answered.wait(0.1):
+            if self._cancel.is_set():
+                self.call_from_thread(self._drop_confirm)
+                return False
+        return answer["yes"]
+
+    def _drop_confirm(self) -> None:
+        from app.tui.confirm import ConfirmToolScreen
+
+        if isinstance(self.screen, ConfirmToolScreen):
+            self.screen.dismiss(False)
 
     def cancel_turn(self) -> None:
         """Esc: stop the call in flight (Generation.cancel through the agent), keep the session."""

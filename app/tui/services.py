@@ -31,6 +31,7 @@ class ConsoleOptions:
     tool_choice: str = "auto"  # auto | required | none | a tool's name
     tools: bool = True  # False: the agent has no tools (a plain chat)
     max_tokens: int = 200
+    confirm_tools: tuple[str, ...] = ("add_reminder", "draft_email")  # asked before they run (the outbox)
 
     def with_(self, **changes) -> ConsoleOptions:
         known = {f.name for f in fields(self)}

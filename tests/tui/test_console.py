@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from textual.widgets import Static
 
 from app.tui.app import KvdeckApp
 from app.tui.screens.main import MainScreen
@@ -114,3 +115,20 @@ async def test_layout_switches_between_tabs_and_panels(builder):
         await pilot.pause(0.3)
         assert type(app.screen).__name__ == "InspectorScreen"
         assert "pin 1" in shown(app.screen.query_one("#tree")), "the pre-warmed prefix is pinned"
+
+
+@pytest.mark.anyio
+async def test_an_outbox_tool_asks_first_and_a_refusal_goes_back_to_the_model(builder):
+    from app.tui.confirm import DECLINED, ConfirmToolScreen
+
+    app = KvdeckApp(builder, ConsoleOptions(max_tokens=8, tool_choice="add_reminder"), sampler=None)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _loaded(pilot, app)
+        await _send(pilot, "Remind me to check the fan.")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmToolScreen), timeout=120)
+        assert "add_reminder" in shown(app.screen.query_one(Static))
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not app.state.busy, timeout=120)
+        tools = [e.tool for e in app.state.entries if e.kind == "tool"]
+        assert tools and tools[-1].name == "add_reminder"
+        assert tools[-1].ok is False and tools[-1].result == DECLINED
