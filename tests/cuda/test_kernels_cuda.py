@@ -55,8 +55,10 @@ def test_every_check_passes(validation):
 
 
 @pytest.mark.parametrize("name, count", [
-    ("act_q8", 18), ("nvfp4_dp4a vs cpu", 18), ("nvfp4_f16", 18), ("w4a8 vs cpu", 18),
-    ("attn_f16", 5), ("attn_nvfp4", 5), ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
+    ("act_q8", 18), ("nvfp4_dp4a vs cpu", 18), ("nvfp4_f16", 18), ("w4a8 vs cpu", 18), ("w4a8 pdl vs cpu", 18),
+    ("nvfp4_posneg vs cpu", 3),
+    ("attn_f16 vs", 6), ("attn_nvfp4 vs", 6), ("attn_f16_simt", 6), ("attn_nvfp4_simt", 6),
+    ("attn_f16_mma", 6), ("attn_nvfp4_mma", 6), ("attn_nvfp4_hqk", 6), ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
 ])
 def test_each_kernel_was_checked(validation, name, count):
     """Every kernel ran its checks (a kernel that silently skipped would not be listed)."""

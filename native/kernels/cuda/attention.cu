@@ -2,16 +2,19 @@
 // Contracts: kernels_cuda.h.
 //
 // Grid (n_kv, splits): one block of 4 warps per (KV head g, split of the sequence); each warp
-// owns a quarter of the split. A warp reads TPW tokens per step, LPT = D / E lanes per token,
-// each lane E consecutive values of the row (f16: 8 values, one 16-byte load; NVFP4: 16
-// values, 8 code bytes and its one E4M3 scale). Scores for the G query heads of the group
-// are reduced across the LPT lanes by shuffles; each token group keeps its own online
-// softmax (m, l, o) in registers, merged across the warp and then the block at the end.
-// Scores run in the log2 domain (q pre-scaled by scale * log2 e; exp2). NVFP4 rows are
-// dequantised in registers (byte-permute lookup to f16, then f32), never written back.
+// owns a quarter of the split. A warp reads TPW tokens per step, LPT = D / 8 lanes per token,
+// each lane 8 consecutive values of the row (f16: one 16-byte load; NVFP4: 4 code bytes and
+// the E4M3 scale of its 16-value block). A chunk is kUnroll steps; the next chunk's K and V
+// loads are issued before the current chunk is computed (register double buffer), and the
+// warp's page indices sit in one register per lane (fetched by shuffle), so no load waits
+// on another. Scores for the G query heads are reduced across the LPT lanes by shuffles;
+// each token group keeps its own online softmax (m, l, o), merged across the warp and the
+// block at the end. Scores run in the log2 domain (q pre-scaled by scale * log2 e; exp2).
+// NVFP4 rows are dequantised in registers (byte-permute lookup to f16) and never written.
 // A second kernel merges the splits' partials, one block per query head.
 #include <cstdint>
 
+#include "attention_impl.cuh"
 #include "common.cuh"
 #include "kernels_cuda.h"
 
@@ -21,14 +24,17 @@ using namespace detail;
 
 namespace {
 
-constexpr int kAttnWarps = 4;
-constexpr int kUnroll = 4;  // steps per chunk: kUnroll * TPW tokens' K and V loads in flight
+// =====================================================================================
+// Row slices and q . k
+// =====================================================================================
 
-// E values of one K or V row slice -> f32, times the slice's scale for NVFP4 (E == 16: a
-// lane's slice is exactly one 16-value scale block).
-template <KvFormat F, int E>
+constexpr int kUnroll = 4;  // steps per chunk
+constexpr int kE = 8;       // values per lane
+
+// One lane's 8 values of a K or V row.
+template <KvFormat F>
 struct Slice {
-  uint32_t w[F == KvFormat::F16 ? 4 : 2];
+  uint32_t w[F == KvFormat::F16 ? 4 : 1];
   uint32_t sc;
   __device__ __forceinline__ void load(const uint8_t* row, int D, int sub) {
     if constexpr (F == KvFormat::F16) {
@@ -36,31 +42,17 @@ struct Slice {
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
       sc = 0;
     } else {
-      const uint32_t* c = reinterpret_cast<const uint32_t*>(row + sub * 8);  // 4-byte aligned
-      w[0] = __ldg(c);
-      w[1] = __ldg(c + 1);
-      sc = __ldg(row + D / 2 + sub);
+      w[0] = __ldg(reinterpret_cast<const uint32_t*>(row) + sub);  // codes 8sub .. 8sub+7
+      sc = __ldg(row + D / 2 + sub / 2);                             // its 16-value block
     }
   }
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (auto& x : w) x = 0;
-    sc = 0;
-  }
-  // Unscaled values (NVFP4: e2m1 codes' values; the block scale is applied by the caller).
-  __device__ __forceinline__ void values(float (&f)[E]) const {
-    uint32_t h[E / 2];
+  // The 8 values as 4 half2 (NVFP4: e2m1 values, unscaled).
+  __device__ __forceinline__ void halves(uint32_t (&h)[4]) const {
     if constexpr (F == KvFormat::F16) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) h[i] = w[i];
     } else {
       e2m1x8_to_half2x4(w[0], h);
-      e2m1x8_to_half2x4(w[1], h + 4);
-    }
-#pragma unroll
-    for (int i = 0; i < E / 2; ++i) {
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
-      f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
   }
   __device__ __forceinline__ float scale() const {
@@ -69,71 +61,107 @@ struct Slice {
   }
 };
 
-template <KvFormat F, int D, int G>
-__global__ void __launch_bounds__(kAttnWarps * 32)
+// q . k over a lane's 8 values for each head. HALF_K: products summed in half2 over the 8
+// values (exact e2m1 values, q rounded to f16), then f32; otherwise all f32.
+template <KvFormat F, int G, bool HALF_K>
+__device__ __forceinline__ void qk(const Slice<F>& k, const float (&qf)[G][kE], const __half2 (&qh)[G][kE / 2],
+                                   float (&s)[G]) {
+  uint32_t h[4];
+  k.halves(h);
+  const float sk = k.scale();
+  if constexpr (HALF_K) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      __half2 a = __hmul2(qh[g][0], *reinterpret_cast<const __half2*>(&h[0]));
+#pragma unroll
+      for (int i = 1; i < 4; ++i) a = __hfma2(qh[g][i], *reinterpret_cast<const __half2*>(&h[i]), a);
+      const float2 f = __half22float2(a);
+      s[g] = (f.x + f.y) * sk;
+    }
+  } else {
+    float kf[kE];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
+      kf[2 * i] = v.x, kf[2 * i + 1] = v.y;
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float a = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) a = fmaf(qf[g][e], kf[e], a);
+      s[g] = a * sk;
+    }
+  }
+}
+
+// =====================================================================================
+// Split kernel: one block per (KV head, split)
+// =====================================================================================
+
+template <KvFormat F, int D, int G, bool HALF_K>
+__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)
 attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                   const int32_t* __restrict__ pages, int block, int n_kv,
                   const float* __restrict__ q, const int32_t* __restrict__ ctx_dev, int split,
-                  int n_splits, float scale_log2, float* __restrict__ ws) {
-  constexpr int E = F == KvFormat::F16 ? 8 : 16;
-  constexpr int LPT = D / E, TPW = 32 / LPT;
+                  int n_splits, int n_pt, float scale_log2, float* __restrict__ ws) {
+  constexpr int LPT = D / kE, TPW = 32 / LPT, CHUNK = kUnroll * TPW;
   constexpr size_t kRow = F == KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16;
   const int g = blockIdx.x, sp = blockIdx.y;
-  const int ctx = *ctx_dev;
-  const int t_begin = sp * split;
-  if (t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
-  const int t_end = min(ctx, t_begin + split);
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int tg = lane / LPT, sub = lane % LPT;
-  const int per_warp = split / kAttnWarps;
-  const int w_begin = t_begin + warp * per_warp, w_end = min(t_end, w_begin + per_warp);
-
-  float qf[G][E];
+  const int per_warp = split / kAttnWarps;  // a multiple of 16, at most 512
+  const int t_begin = sp * split, w_begin = t_begin + warp * per_warp;
+  // issued before ctx is known: the warp's page indices (one per lane, at most 32; the table
+  // covers max_ctx) and q
+  const int p_first = w_begin / block;
+  const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
+  float qf[G][kE];
+  __half2 qh[G][kE / 2];
 #pragma unroll
-  for (int h = 0; h < G; ++h)
+  for (int h = 0; h < G; ++h) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) qf[h][e] = q[size_t(g * G + h) * D + sub * E + e] * scale_log2;
+    for (int e = 0; e < kE; ++e) qf[h][e] = q[size_t(g * G + h) * D + sub * kE + e] * scale_log2;
+#pragma unroll
+    for (int e = 0; e < kE / 2; ++e) qh[h][e] = __floats2half2_rn(qf[h][2 * e], qf[h][2 * e + 1]);
+  }
+  const int ctx = *ctx_dev;
+  if (t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
+  const int t_end = min(ctx, t_begin + split);
+  const int w_end = min(t_end, w_begin + per_warp);
 
-  float o[G][E] = {}, m[G], l[G];
+  float o[G][kE] = {}, m[G], l[G];
 #pragma unroll
   for (int h = 0; h < G; ++h) m[h] = -INFINITY, l[h] = 0.0f;
 
-  for (int t0 = w_begin; t0 < w_end; t0 += kUnroll * TPW) {
-    Slice<F, E> ks[kUnroll], vs[kUnroll];
+  // chunk loads: CHUNK (8 or 16) tokens from t0, a multiple of 16: never across a page
+  auto load = [&](int t0, Slice<F> (&ks)[kUnroll], Slice<F> (&vs)[kUnroll]) {
+    const int pg = __shfl_sync(0xffffffffu, my_page, min(t0 / block - p_first, 31));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * TPW + tg;
-      if (t < w_end) {
-        const size_t off = ((size_t(__ldg(pages + t / block)) * block + t % block) * n_kv + g) * kRow;
-        ks[u].load(kbase + off, D, sub);
-        vs[u].load(vbase + off, D, sub);
-      } else {
-        ks[u].zero();
-        vs[u].zero();
-      }
+      const int t = min(t0 + u * TPW + tg, w_end - 1);  // past the end: reload the last row
+      const size_t off = ((size_t(pg) * block + t % block) * n_kv + g) * kRow;
+      ks[u].load(kbase + off, D, sub);
+      vs[u].load(vbase + off, D, sub);
     }
-    // scores s[u][h] (log2 domain), reduced over the LPT lanes of the token
+  };
+
+  // the next chunk's loads are issued before this chunk is computed (measured: without the
+  // second buffer the f16 kernel ran 1.3x slower at 32K)
+  constexpr bool kPrefetch = true;
+  Slice<F> ks[kUnroll], vs[kUnroll], kn[kUnroll], vn[kUnroll];
+  if (w_begin < w_end) load(w_begin, ks, vs);
+  for (int t0 = w_begin; t0 < w_end; t0 += CHUNK) {
+    if (kPrefetch && t0 + CHUNK < w_end) load(t0 + CHUNK, kn, vn);  // prefetch the next chunk
     float s[kUnroll][G];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[E];
-      ks[u].values(kf);
-      const float sk = ks[u].scale();
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        float a = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) a = fmaf(qf[h][e], kf[e], a);
-        s[u][h] = a * sk;
-      }
-    }
+    for (int u = 0; u < kUnroll; ++u) qk<F, G, HALF_K>(ks[u], qf, qh, s[u]);
 #pragma unroll
     for (int off = 1; off < LPT; off <<= 1)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
         for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], off);
-    // online softmax update, once per chunk
     float p[kUnroll][G];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -151,22 +179,34 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
       l[h] = l[h] * alpha + sum;
       m[h] = cm;
 #pragma unroll
-      for (int e = 0; e < E; ++e) o[h][e] *= alpha;
+      for (int e = 0; e < kE; ++e) o[h][e] *= alpha;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      float vf[E];
-      vs[u].values(vf);
+      uint32_t hv[4];
+      vs[u].halves(hv);
+      float vf[kE];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&hv[i]));
+        vf[2 * i] = v.x, vf[2 * i + 1] = v.y;
+      }
       const float sv = vs[u].scale();
 #pragma unroll
       for (int h = 0; h < G; ++h) {
         const float w = p[u][h] * sv;
 #pragma unroll
-        for (int e = 0; e < E; ++e) o[h][e] = fmaf(w, vf[e], o[h][e]);
+        for (int e = 0; e < kE; ++e) o[h][e] = fmaf(w, vf[e], o[h][e]);
       }
     }
+    if (kPrefetch) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) ks[u] = kn[u], vs[u] = vn[u];
+    }
+    if (!kPrefetch && t0 + CHUNK < w_end) load(t0 + CHUNK, ks, vs);
   }
 
+  pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
   // merge the TPW token groups of the warp (lanes sub, sub + LPT, ...)
 #pragma unroll
   for (int off = LPT; off < 32; off <<= 1)
@@ -179,7 +219,7 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
       l[h] = l[h] * wa + lo * wb;
       m[h] = mx;
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
+      for (int e = 0; e < kE; ++e) {
         const float oo = __shfl_xor_sync(0xffffffffu, o[h][e], off);
         o[h][e] = o[h][e] * wa + oo * wb;
       }
@@ -192,7 +232,7 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 #pragma unroll
     for (int h = 0; h < G; ++h) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) so[warp][h][sub * E + e] = o[h][e];
+      for (int e = 0; e < kE; ++e) so[warp][h][sub * kE + e] = o[h][e];
       if (sub == 0) sm[warp][h] = m[h], sl[warp][h] = l[h];
     }
   }
@@ -216,35 +256,97 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
   }
 }
 
+// =====================================================================================
+// Combine kernel: merge the splits
+// =====================================================================================
+
 // out[h, d] = sum_s 2^(m_s - M) o_s[d] / sum_s 2^(m_s - M) l_s over the live splits.
-__global__ void attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ctx_dev,
-                                    int split, int n_splits, int D, float* __restrict__ out) {
-  const int h = blockIdx.x, live = (*ctx_dev + split - 1) / split;
+// Grid (n_heads, D / 32): each block recomputes its head's split weights into shared memory
+// (one load per thread) while its 8 warps load interleaved splits' partials for 32 outputs
+// (lane = d; the first 64 splits in registers, so one round trip), then weights them, and a
+// shared-memory sum finishes. Launched with PDL: it starts
+// while the split kernel drains and waits for it before reading the workspace.
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads)
+attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ctx_dev, int split,
+                    int n_splits, int D, float* __restrict__ out) {
+  __shared__ float wgt[kMaxAttnSplits];
+  __shared__ float red[kCombineThreads / 32][32];  // per warp
+  __shared__ float stat[2];
+  pdl_wait();
+  const int h = blockIdx.x, d0 = blockIdx.y * 32, tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+  const int live = (*ctx_dev + split - 1) / split;
   const float* base = ws + size_t(h) * n_splits * (D + 2);
-  float mx = -INFINITY;
-  for (int s = 0; s < live; ++s) mx = fmaxf(mx, base[size_t(s) * (D + 2) + D]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f, lsum = 0.0f;
-    for (int s = 0; s < live; ++s) {
-      const float* p = base + size_t(s) * (D + 2);
-      const float c = exp2f(p[D] - mx);
-      acc += c * p[d];
-      lsum += c * p[D + 1];
-    }
-    out[size_t(h) * D + d] = acc / lsum;
+  // warp w's first kPre splits (w, w + 8, ...) at d = d0 + lane, loaded with the maxima
+  constexpr int kWarpsC = kCombineThreads / 32, kPre = 8;
+  const int d = d0 + lane;
+  float ov[kPre];
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int sidx = warp + kWarpsC * k;
+    ov[k] = sidx < live && d < D ? base[size_t(sidx) * (D + 2) + d] : 0.0f;
+  }
+  // split maxima and weights (live <= kMaxAttnSplits = kCombineThreads)
+  const float ms = tid < live ? base[size_t(tid) * (D + 2) + D] : -INFINITY;
+  const float ls = tid < live ? base[size_t(tid) * (D + 2) + D + 1] : 0.0f;
+  float mx = warp_max(ms);
+  if (lane == 0) red[warp][0] = mx;
+  __syncthreads();
+  if (tid == 0) {
+    float v = red[0][0];
+    for (int w = 1; w < kCombineThreads / 32; ++w) v = fmaxf(v, red[w][0]);
+    stat[0] = v;
+  }
+  __syncthreads();
+  mx = stat[0];
+  const float c = tid < live ? exp2f(ms - mx) : 0.0f;
+  if (tid < kMaxAttnSplits) wgt[tid] = c;
+  const float lsum = warp_sum(c * ls);
+  __syncthreads();
+  if (lane == 0) red[warp][0] = lsum;
+  __syncthreads();
+  if (tid == 0) {
+    float v = 0.0f;
+    for (int w = 0; w < kCombineThreads / 32; ++w) v += red[w][0];
+    stat[1] = v;
+  }
+  __syncthreads();
+  // warp w: splits w, w + 8, ...; lane: output d0 + lane
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int sidx = warp + kWarpsC * k;
+    if (sidx < live) acc += wgt[sidx] * ov[k];
+  }
+  if (d < D)
+    for (int sidx = warp + kWarpsC * kPre; sidx < live; sidx += kWarpsC)
+      acc += wgt[sidx] * base[size_t(sidx) * (D + 2) + d];
+  red[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && d < D) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kCombineThreads / 32; ++w) t += red[w][lane];
+    out[size_t(h) * D + d] = t / stat[1];
   }
 }
 
-template <KvFormat F, int D>
+// =====================================================================================
+// Launchers
+// =====================================================================================
+
+template <KvFormat F, int D, bool HALF_K>
 cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx,
-                         int split, int n_splits, float sl2, float* ws, cudaStream_t st) {
+                         int split, int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
   const dim3 threads(kAttnWarps * 32);
-#define KVDECK_ATTN_CASE(GG)                                                                 \
-  case GG:                                                                                   \
-    attn_split_kernel<F, D, GG><<<grid, threads, 0, st>>>(k, v, kv.pages, kv.block, kv.n_kv, \
-                                                          q, ctx, split, n_splits, sl2, ws); \
+#define KVDECK_ATTN_CASE(GG)                                                               \
+  case GG:                                                                                 \
+    attn_split_kernel<F, D, GG, HALF_K><<<grid, threads, 0, st>>>(k, v, kv.pages, kv.block, \
+                                                                  kv.n_kv, q, ctx, split, \
+                                                                  n_splits, n_pt, sl2, ws); \
     break;
   switch (G) {
     KVDECK_ATTN_CASE(1)
@@ -261,31 +363,62 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
   return cudaGetLastError();
 }
 
-}  // namespace
-
-cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                             int max_ctx, float scale, float* workspace, float* out,
-                             cudaStream_t stream) {
-  if (kv.n_kv < 1 || n_heads % kv.n_kv != 0 || (kv.D != 64 && kv.D != 128) || kv.block < 16 ||
-      kv.block % 16 != 0 || max_ctx < 1)
-    return cudaErrorInvalidValue;
+template <bool HALF_K>
+cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                        int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
+  if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
-  if (G < 1 || G > 8) return cudaErrorInvalidValue;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
+  const int n_pt = (max_ctx + kv.block - 1) / kv.block;
   const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;  // log2(e)
   cudaError_t err;
   if (kv.format == KvFormat::F16)
-    err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, sl2, workspace, stream)
-                      : launch_split<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_split<KvFormat::F16, 128, false>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F16, 64, false>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else if (kv.format == KvFormat::NVFP4)
-    err = kv.D == 128 ? launch_split<KvFormat::NVFP4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, sl2, workspace, stream)
-                      : launch_split<KvFormat::NVFP4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_split<KvFormat::NVFP4, 128, HALF_K>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::NVFP4, 64, HALF_K>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
-  attn_combine_kernel<<<n_heads, kv.D, 0, stream>>>(workspace, ctx_dev, split, n_splits, kv.D, out);
-  return cudaGetLastError();
+  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream);
 }
+
+}  // namespace
+
+namespace detail {
+cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
+                                int n_heads, float* out, cudaStream_t stream) {
+  static_assert(kMaxAttnSplits <= kCombineThreads, "one split per thread");
+  return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out);
+}
+}  // namespace detail
+
+cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                             int max_ctx, float scale, float* workspace, float* out,
+                             cudaStream_t stream) {
+  // measured on the H200 (gpu_bench): NVFP4 pages run fastest on the tensor cores, f16 pages
+  // (memory-bound) on the f32 SIMT kernel
+  if (kv.format == KvFormat::NVFP4)
+    return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
+  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
+}
+
+namespace detail {
+cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
+  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
+}
+}  // namespace detail
+
+namespace detail {
+cudaError_t attention_decode_half_qk(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                     int max_ctx, float scale, float* workspace, float* out,
+                                     cudaStream_t stream) {
+  return decode_impl<true>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
+}
+}  // namespace detail
 
 }  // namespace kvdeck::cuda

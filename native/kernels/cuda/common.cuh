@@ -82,4 +82,35 @@ __device__ __forceinline__ int warp_sum_int(int v) {
   return v;
 }
 
+// Programmatic dependent launch (sm_90+; no-ops below, and when not launched with PDL):
+// pdl_launch_dependents lets the next kernel in the stream start; pdl_wait blocks until the
+// previous kernel has completed and its writes are visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launch `kernel` with or without the programmatic-stream-serialization attribute (PDL is
+// only requested on devices of compute capability 9.0 or newer).
+bool pdl_supported();
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t st, bool pdl,
+                          Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  const bool use = pdl && pdl_supported();
+  cfg.attrs = use ? at : nullptr;
+  cfg.numAttrs = use ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
 }  // namespace kvdeck::cuda::detail

@@ -1,12 +1,12 @@
 // gemv.cu — decode-time linear layers on the GPU: activation quantisation and GEMV for
 // NVFP4 (integer and f16 variants) and W4A8, batch 1..8. Contracts: kernels_cuda.h.
 //
-// Mapping: a block of kThreads threads owns R weight rows; each thread walks the 32-element
-// chunks of K (16 code bytes, one 16-byte load per row) with a stride of kThreads, so a warp
-// reads 512 contiguous code bytes of each row per step and every weight byte is read once.
-// The chunk's activations (M rows x 32 int8 / f16) are loaded once and reused for the R
-// rows. Partial sums are reduced across the warp by shuffles and across warps in shared
-// memory. Memory-bound by design: the weight bytes are the cost.
+// Mapping: one warp owns R consecutive weight rows; each lane walks the 32-element chunks of
+// K (16 code bytes, one 16-byte load per row) with a stride of 32, U chunks in flight, so a
+// warp reads 512 contiguous code bytes of each row per step and every weight byte is read
+// once. The chunk's activations (M rows x 32 int8 / f16) are loaded once for the R rows
+// (L1-resident). Warp shuffles reduce; no shared memory, no barriers. Memory-bound by
+// design: the weight bytes are the cost.
 #include <cstdint>
 
 #include "common.cuh"
@@ -17,9 +17,6 @@ namespace kvdeck::cuda {
 using namespace detail;
 
 namespace {
-
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
 
 // =====================================================================================
 // Activation quantisation (one warp per 32-block)
@@ -32,6 +29,8 @@ __global__ void quantize_act_q8_kernel(const float* __restrict__ x, int M, int K
   const int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // global 32-block index
   if (blk >= M * nb) return;
   const int lane = threadIdx.x & 31, m = blk / nb, k = (blk % nb) * 32 + lane;
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous kernel's output
   const float v = k < K ? x[size_t(m) * K + k] : 0.0f;
   const float amax = warp_max(fabsf(v));
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -49,251 +48,251 @@ __global__ void convert_act_f16_kernel(const float* __restrict__ x, int M, int K
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(M) * Kp) return;
   const int m = int(i / Kp), k = int(i % Kp);
+  pdl_launch_dependents();
+  pdl_wait();
   h[i] = __float2half_rn(k < K ? x[size_t(m) * K + k] : 0.0f);
 }
 
 // =====================================================================================
-// Shared reduction: acc[r][m] of every thread -> y[m, n0 + r]
+// GEMV kernel: one warp per R consecutive rows, lanes over the 32-element chunks of K
 // =====================================================================================
+// A lane handles chunks c = lane, lane + 32, ... (16 code bytes: one 16-byte load per row);
+// U chunks are loaded before any is used, so a lane has U * R weight loads in flight. The
+// chunk's activations are loaded once for the R rows. Warp shuffles reduce each output;
+// there is no shared memory and no block barrier.
 
-template <int M, int R>
-__device__ __forceinline__ void reduce_store(float (&acc)[R][M], float scale, int n0, int N,
-                                             float* __restrict__ y, int ldy) {
-  __shared__ float part[kWarps][R * M];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+// Nvfp4PosNeg: the alternative integer decode, by measurement (gpu_bench's tune rows): two
+// byte-permute lookups of the magnitudes (prmt's sign-replicate mode zeroes the codes of the
+// other sign) and two __dp4a per word, instead of a signed three-permute lookup.
+enum class Fmt { Nvfp4Dp4a, Nvfp4F16, W4a8, Nvfp4PosNeg };
+
+struct GemvArgs {
+  const uint8_t* codes;    // [N, Kp/2]
+  const void* scales;      // nvfp4: u8 [N, Kp/16] | w4a8: f16 [N, Kp/group]
+  float tscale;            // nvfp4 only
+  int group;               // w4a8 only
+  int N, Kp;
+  const int8_t* xq;        // [M, Kp]   (int8 paths)
+  const float* xd;         // [M, Kp/32]
+  const int32_t* xs;       // [M, Kp/32] (w4a8)
+  const __half* xh;        // [M, Kp]   (f16 path)
+  float* y;
+  int ldy;
+};
+
+constexpr int kGemvWarps = 4;  // warps per block (each independent)
+
+template <Fmt F>
+struct Chunk {  // one row's chunk: 16 code bytes and its scale bits
+  uint4 w;
+  uint32_t sc;
+};
+
+template <Fmt F>
+__device__ __forceinline__ Chunk<F> load_chunk(const GemvArgs& a, int n, int c) {
+  Chunk<F> k;
+  k.w = __ldg(reinterpret_cast<const uint4*>(a.codes + size_t(n) * (a.Kp / 2)) + c);
+  if constexpr (F == Fmt::W4a8) {
+    const int ng = a.Kp / a.group;
+    k.sc = __ldg(static_cast<const uint16_t*>(a.scales) + size_t(n) * ng + c / (a.group / 32));
+  } else {
+    k.sc = __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.scales) +
+                                                    size_t(n) * (a.Kp / 16)) + c);
+  }
+  return k;
+}
+
+template <Fmt F>
+struct Act {  // one activation row's chunk
+  uint4 v[F == Fmt::Nvfp4F16 ? 4 : 2];
+  float d;
+  int s;
+};
+
+template <Fmt F>
+__device__ __forceinline__ Act<F> load_act(const GemvArgs& a, int m, int c) {
+  Act<F> x;
+  if constexpr (F == Fmt::Nvfp4F16) {
+    const uint4* p = reinterpret_cast<const uint4*>(a.xh + size_t(m) * a.Kp) + 4 * c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x.v[j] = __ldg(p + j);
+    x.d = 0.f, x.s = 0;
+  } else {
+    const uint4* p = reinterpret_cast<const uint4*>(a.xq + size_t(m) * a.Kp) + 2 * c;
+    x.v[0] = __ldg(p);
+    x.v[1] = __ldg(p + 1);
+    x.d = __ldg(a.xd + size_t(m) * (a.Kp / 32) + c);
+    x.s = F == Fmt::W4a8 ? __ldg(a.xs + size_t(m) * (a.Kp / 32) + c) : 0;
+  }
+  return x;
+}
+
+// Weights of a chunk decoded once, then dotted with each activation row.
+template <Fmt F>
+struct Decoded {
+  uint32_t v[F == Fmt::Nvfp4F16 || F == Fmt::Nvfp4PosNeg ? 16 : 8];
+  float2 sw;
+};
+
+template <Fmt F>
+__device__ __forceinline__ Decoded<F> decode(const Chunk<F>& k) {
+  Decoded<F> d;
+  const uint32_t q[4] = {k.w.x, k.w.y, k.w.z, k.w.w};
+  if constexpr (F == Fmt::Nvfp4Dp4a) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e2m1x8_to_i8x2(q[j], d.v[2 * j], d.v[2 * j + 1]);
+    d.sw = e4m3x2_to_float2_div256(k.sc);
+  } else if constexpr (F == Fmt::Nvfp4F16) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) e2m1x8_to_half2x4(q[j], d.v + 4 * j);
+    d.sw = e4m3x2_to_float2_div256(k.sc);
+  } else if constexpr (F == Fmt::Nvfp4PosNeg) {
+    // 2*|e2m1| table; a selector nibble with bit 3 set (the other sign) yields 0x00
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t qx = q[j] ^ 0x88888888u;
+      d.v[2 * j] = prmt(kE2m1x2Pos0, kE2m1x2Pos1, q[j]);             // positive codes, elements 0-3
+      d.v[2 * j + 1] = prmt(kE2m1x2Pos0, kE2m1x2Pos1, q[j] >> 16);   // elements 4-7
+      d.v[8 + 2 * j] = prmt(kE2m1x2Pos0, kE2m1x2Pos1, qx);           // negative codes' magnitudes
+      d.v[8 + 2 * j + 1] = prmt(kE2m1x2Pos0, kE2m1x2Pos1, qx >> 16);
+    }
+    d.sw = e4m3x2_to_float2_div256(k.sc);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;
+      d.v[2 * j] = prmt(lo, hi, 0x5140u);      // elements 8j .. 8j+3 (offset binary)
+      d.v[2 * j + 1] = prmt(lo, hi, 0x7362u);  // elements 8j+4 .. 8j+7
+    }
+    d.sw.x = __half2float(__ushort_as_half(uint16_t(k.sc)));
+    d.sw.y = 0.f;
+  }
+  return d;
+}
+
+template <Fmt F>
+__device__ __forceinline__ float dot(const Decoded<F>& w, const Act<F>& x, float acc) {
+  if constexpr (F == Fmt::Nvfp4F16) {
+    const uint32_t* av = reinterpret_cast<const uint32_t*>(x.v);
+    __half2 b0 = __float2half2_rn(0.0f), b1 = b0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      b0 = __hfma2(*reinterpret_cast<const __half2*>(&w.v[j]), *reinterpret_cast<const __half2*>(&av[j]), b0);
+      b1 = __hfma2(*reinterpret_cast<const __half2*>(&w.v[8 + j]), *reinterpret_cast<const __half2*>(&av[8 + j]), b1);
+    }
+    const float2 f0 = __half22float2(b0), f1 = __half22float2(b1);
+    return fmaf(w.sw.x, f0.x + f0.y, fmaf(w.sw.y, f1.x + f1.y, acc));
+  } else {
+    const int* av = reinterpret_cast<const int*>(x.v);
+    if constexpr (F == Fmt::Nvfp4PosNeg) {
+      int s0 = 0, s1 = 0, n0 = 0, n1 = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s0 = __dp4a(int(w.v[j]), av[j], s0), n0 = __dp4a(int(w.v[8 + j]), av[j], n0);
+#pragma unroll
+      for (int j = 4; j < 8; ++j) s1 = __dp4a(int(w.v[j]), av[j], s1), n1 = __dp4a(int(w.v[8 + j]), av[j], n1);
+      return fmaf(x.d, fmaf(w.sw.x, float(s0 - n0), w.sw.y * float(s1 - n1)), acc);
+    } else if constexpr (F == Fmt::Nvfp4Dp4a) {
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s0 = __dp4a(int(w.v[j]), av[j], s0);
+#pragma unroll
+      for (int j = 4; j < 8; ++j) s1 = __dp4a(int(w.v[j]), av[j], s1);
+      return fmaf(x.d, fmaf(w.sw.x, float(s0), w.sw.y * float(s1)), acc);
+    } else {
+      int s = -8 * x.s;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = __dp4a(int(w.v[j]), av[j], s);
+      return fmaf(x.d * w.sw.x, float(s), acc);
+    }
+  }
+}
+
+template <Fmt F, int M, int R, int U, bool PF>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R;
+  if (n0 >= a.N) return;
+  const int nc = a.Kp / 32;
+  pdl_launch_dependents();
+  auto load_all = [&](int c0, Chunk<F> (&w)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)  // past the end: reload the last chunk (unused)
+        w[u][r] = load_chunk<F>(a, min(n0 + r, a.N - 1), min(c0 + 32 * u, nc - 1));
+  };
+  float acc[R][M] = {};
+  Chunk<F> wk[U][R], wn[U][R];
+  if (lane < nc) load_all(lane, wk);
+  pdl_wait();  // weights never change: only activations (and y) wait for the producer
+  for (int c0 = lane; c0 < nc; c0 += 32 * U) {
+    const bool more = c0 + 32 * U < nc;
+    if (PF && more) load_all(c0 + 32 * U, wn);  // software pipeline: next step's weights
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (c0 + 32 * u >= nc) break;
+      Act<F> x[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) x[m] = load_act<F>(a, m, c0 + 32 * u);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const Decoded<F> d = decode<F>(wk[u][r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = dot<F>(d, x[m], acc[r][m]);
+      }
+    }
+    if (PF) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wk[u][r] = wn[u][r];
+    } else if (more) {
+      load_all(c0 + 32 * U, wk);
+    }
+  }
+  // nvfp4: 2*e2m1 codes (x0.5) and scales / 256 (x256) -> x128; f16 path: x256
+  const float scale = F == Fmt::Nvfp4Dp4a || F == Fmt::Nvfp4PosNeg ? a.tscale * 128.0f
+                      : F == Fmt::Nvfp4F16                         ? a.tscale * 256.0f
+                                                                   : 1.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float v = warp_sum(acc[r][m]);
-      if (lane == 0) part[warp][r * M + m] = v;
+      if (lane == r * M + m && n0 + r < a.N) a.y[size_t(m) * a.ldy + n0 + r] = v * scale;
     }
-  __syncthreads();
-  for (int i = threadIdx.x; i < R * M; i += kThreads) {
-    float v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += part[w][i];
-    const int r = i / M, m = i % M;
-    if (n0 + r < N) y[size_t(m) * ldy + n0 + r] = v * scale;
-  }
 }
 
 // =====================================================================================
-// NVFP4 x int8 (__dp4a)
+// Dispatch: (M, R, U) configurations
 // =====================================================================================
 
-template <int M, int R>
-__global__ void __launch_bounds__(kThreads)
-gemv_nvfp4_dp4a_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                       float tscale, int N, int Kp, const int8_t* __restrict__ xq,
-                       const float* __restrict__ xd, float* __restrict__ y, int ldy) {
-  const int n0 = blockIdx.x * R, nc = Kp / 32;
-  float acc[R][M] = {};
-  for (int c = threadIdx.x; c < nc; c += kThreads) {
-    uint4 w[R];
-    uint32_t sc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int n = min(n0 + r, N - 1);  // rows past N recompute row N-1 (not stored)
-      w[r] = __ldg(reinterpret_cast<const uint4*>(codes + size_t(n) * (Kp / 2)) + c);
-      sc[r] = __ldg(reinterpret_cast<const uint16_t*>(scales + size_t(n) * (Kp / 16)) + c);
-    }
-    int4 a[M][2];
-    float da[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const int4* xa = reinterpret_cast<const int4*>(xq + size_t(m) * Kp) + 2 * c;
-      a[m][0] = __ldg(xa);
-      a[m][1] = __ldg(xa + 1);
-      da[m] = __ldg(xd + size_t(m) * nc + c);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      uint32_t wi[8];
-      e2m1x8_to_i8x2(w[r].x, wi[0], wi[1]);
-      e2m1x8_to_i8x2(w[r].y, wi[2], wi[3]);
-      e2m1x8_to_i8x2(w[r].z, wi[4], wi[5]);
-      e2m1x8_to_i8x2(w[r].w, wi[6], wi[7]);
-      const float2 sw = e4m3x2_to_float2_div256(sc[r]);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        int s0 = __dp4a(int(wi[0]), a[m][0].x, 0);
-        s0 = __dp4a(int(wi[1]), a[m][0].y, s0);
-        s0 = __dp4a(int(wi[2]), a[m][0].z, s0);
-        s0 = __dp4a(int(wi[3]), a[m][0].w, s0);
-        int s1 = __dp4a(int(wi[4]), a[m][1].x, 0);
-        s1 = __dp4a(int(wi[5]), a[m][1].y, s1);
-        s1 = __dp4a(int(wi[6]), a[m][1].z, s1);
-        s1 = __dp4a(int(wi[7]), a[m][1].w, s1);
-        acc[r][m] = fmaf(da[m], fmaf(sw.x, float(s0), sw.y * float(s1)), acc[r][m]);
-      }
-    }
-  }
-  // 2*e2m1 codes (x0.5) and scales / 256 (x256): x128 with the tensor scale.
-  reduce_store<M, R>(acc, tscale * 128.0f, n0, N, y, ldy);
+template <Fmt F, int M, int R, int U, bool PF = false>
+cudaError_t launch(const GemvArgs& a, cudaStream_t st, bool pdl = false) {
+  static_assert(R * M <= 32, "one lane stores each output");
+  const int warps = (a.N + R - 1) / R;
+  return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3((warps + kGemvWarps - 1) / kGemvWarps),
+                       dim3(kGemvWarps * 32), st, pdl, a);
 }
 
-// =====================================================================================
-// NVFP4 x f16 (half2 FMA per 16-block)
-// =====================================================================================
-
-template <int M, int R>
-__global__ void __launch_bounds__(kThreads)
-gemv_nvfp4_f16_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                      float tscale, int N, int Kp, const __half* __restrict__ xh,
-                      float* __restrict__ y, int ldy) {
-  const int n0 = blockIdx.x * R, nc = Kp / 32;
-  float acc[R][M] = {};
-  for (int c = threadIdx.x; c < nc; c += kThreads) {
-    uint4 w[R];
-    uint32_t sc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int n = min(n0 + r, N - 1);
-      w[r] = __ldg(reinterpret_cast<const uint4*>(codes + size_t(n) * (Kp / 2)) + c);
-      sc[r] = __ldg(reinterpret_cast<const uint16_t*>(scales + size_t(n) * (Kp / 16)) + c);
-    }
-    uint4 a[M][4];  // 32 halves per row
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4* xa = reinterpret_cast<const uint4*>(xh + size_t(m) * Kp) + 4 * c;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) a[m][j] = __ldg(xa + j);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      uint32_t h[16];
-      e2m1x8_to_half2x4(w[r].x, h + 0);
-      e2m1x8_to_half2x4(w[r].y, h + 4);
-      e2m1x8_to_half2x4(w[r].z, h + 8);
-      e2m1x8_to_half2x4(w[r].w, h + 12);
-      const float2 sw = e4m3x2_to_float2_div256(sc[r]);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint32_t* av = reinterpret_cast<const uint32_t*>(&a[m][0]);
-        __half2 b0 = __float2half2_rn(0.0f), b1 = b0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          b0 = __hfma2(*reinterpret_cast<const __half2*>(&h[j]),
-                       *reinterpret_cast<const __half2*>(&av[j]), b0);
-          b1 = __hfma2(*reinterpret_cast<const __half2*>(&h[8 + j]),
-                       *reinterpret_cast<const __half2*>(&av[8 + j]), b1);
-        }
-        const float2 f0 = __half22float2(b0), f1 = __half22float2(b1);
-        acc[r][m] = fmaf(sw.x, f0.x + f0.y, fmaf(sw.y, f1.x + f1.y, acc[r][m]));
-      }
-    }
+// The default configuration per batch size (measured on the H200: gemv_tune in gpu_bench).
+template <Fmt F>
+cudaError_t launch_default(const GemvArgs& a, int M, cudaStream_t st, bool pdl) {
+  switch (M) {
+    case 1: return launch<F, 1, 1, 2, true>(a, st, pdl);
+    case 2: return launch<F, 2, 2, 2>(a, st, pdl);
+    case 3: return launch<F, 3, 2, 2>(a, st, pdl);
+    case 4: return launch<F, 4, 2, 2>(a, st, pdl);
+    case 5: return launch<F, 5, 2, 1>(a, st, pdl);
+    case 6: return launch<F, 6, 2, 1>(a, st, pdl);
+    case 7: return launch<F, 7, 2, 1>(a, st, pdl);
+    default: return launch<F, 8, 2, 1>(a, st, pdl);
   }
-  reduce_store<M, R>(acc, tscale * 256.0f, n0, N, y, ldy);
 }
-
-// =====================================================================================
-// W4A8 x int8 (__dp4a)
-// =====================================================================================
-
-template <int M, int R>
-__global__ void __launch_bounds__(kThreads)
-gemv_w4a8_kernel(const uint8_t* __restrict__ codes, const __half* __restrict__ scales, int group,
-                 int N, int Kp, const int8_t* __restrict__ xq, const float* __restrict__ xd,
-                 const int32_t* __restrict__ xs, float* __restrict__ y, int ldy) {
-  const int n0 = blockIdx.x * R, nc = Kp / 32, ng = Kp / group, cpg = group / 32;
-  float acc[R][M] = {};
-  for (int c = threadIdx.x; c < nc; c += kThreads) {
-    uint4 w[R];
-    float sw[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int n = min(n0 + r, N - 1);
-      w[r] = __ldg(reinterpret_cast<const uint4*>(codes + size_t(n) * (Kp / 2)) + c);
-      sw[r] = __half2float(__ldg(scales + size_t(n) * ng + c / cpg));
-    }
-    int4 a[M][2];
-    float da[M];
-    int sa[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const int4* xa = reinterpret_cast<const int4*>(xq + size_t(m) * Kp) + 2 * c;
-      a[m][0] = __ldg(xa);
-      a[m][1] = __ldg(xa + 1);
-      da[m] = __ldg(xd + size_t(m) * nc + c);
-      sa[m] = __ldg(xs + size_t(m) * nc + c);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint32_t wq[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
-      uint32_t wi[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = wq[j] & 0x0F0F0F0Fu, hi = (wq[j] >> 4) & 0x0F0F0F0Fu;
-        wi[2 * j] = prmt(lo, hi, 0x5140u);      // elements 8j .. 8j+3
-        wi[2 * j + 1] = prmt(lo, hi, 0x7362u);  // elements 8j+4 .. 8j+7
-      }
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        int s = -8 * sa[m];
-        s = __dp4a(int(wi[0]), a[m][0].x, s);
-        s = __dp4a(int(wi[1]), a[m][0].y, s);
-        s = __dp4a(int(wi[2]), a[m][0].z, s);
-        s = __dp4a(int(wi[3]), a[m][0].w, s);
-        s = __dp4a(int(wi[4]), a[m][1].x, s);
-        s = __dp4a(int(wi[5]), a[m][1].y, s);
-        s = __dp4a(int(wi[6]), a[m][1].z, s);
-        s = __dp4a(int(wi[7]), a[m][1].w, s);
-        acc[r][m] = fmaf(da[m] * sw[r], float(s), acc[r][m]);
-      }
-    }
-  }
-  reduce_store<M, R>(acc, 1.0f, n0, N, y, ldy);
-}
-
-// =====================================================================================
-// Dispatch over M (1..8) with R rows per block
-// =====================================================================================
-
-constexpr int rows_for(int M) { return M <= 2 ? 4 : 2; }
 
 bool shape_ok(int N, int Kp, int M, int ldy) {
   return N >= 1 && Kp >= 32 && Kp % 32 == 0 && M >= 1 && M <= 8 && ldy >= N;
 }
-
-template <template <int, int> class Launch, typename... A>
-cudaError_t dispatch_m(int M, int N, cudaStream_t st, A... args) {
-  switch (M) {
-    case 1: return Launch<1, rows_for(1)>::run(N, st, args...);
-    case 2: return Launch<2, rows_for(2)>::run(N, st, args...);
-    case 3: return Launch<3, rows_for(3)>::run(N, st, args...);
-    case 4: return Launch<4, rows_for(4)>::run(N, st, args...);
-    case 5: return Launch<5, rows_for(5)>::run(N, st, args...);
-    case 6: return Launch<6, rows_for(6)>::run(N, st, args...);
-    case 7: return Launch<7, rows_for(7)>::run(N, st, args...);
-    default: return Launch<8, rows_for(8)>::run(N, st, args...);
-  }
-}
-
-template <int M, int R>
-struct LaunchNvfp4Dp4a {
-  template <typename... A>
-  static cudaError_t run(int N, cudaStream_t st, A... a) {
-    gemv_nvfp4_dp4a_kernel<M, R><<<(N + R - 1) / R, kThreads, 0, st>>>(a...);
-    return cudaGetLastError();
-  }
-};
-template <int M, int R>
-struct LaunchNvfp4F16 {
-  template <typename... A>
-  static cudaError_t run(int N, cudaStream_t st, A... a) {
-    gemv_nvfp4_f16_kernel<M, R><<<(N + R - 1) / R, kThreads, 0, st>>>(a...);
-    return cudaGetLastError();
-  }
-};
-template <int M, int R>
-struct LaunchW4a8 {
-  template <typename... A>
-  static cudaError_t run(int N, cudaStream_t st, A... a) {
-    gemv_w4a8_kernel<M, R><<<(N + R - 1) / R, kThreads, 0, st>>>(a...);
-    return cudaGetLastError();
-  }
-};
 
 }  // namespace
 
@@ -301,43 +300,87 @@ struct LaunchW4a8 {
 // Launchers
 // =====================================================================================
 
+namespace detail {
+bool pdl_supported() {
+  static int v = -1;  // per process: the device current at the first call
+  if (v < 0) {
+    int dev = 0, major = 0;
+    v = cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }
+  return v == 1;
+}
+}  // namespace detail
+
 cudaError_t quantize_act_q8(const float* x, int M, int K, int Kp, int8_t* q, float* d, int32_t* s,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool pdl) {
   if (M < 1 || K < 1 || Kp % 32 != 0 || Kp < K || Kp - K >= 32) return cudaErrorInvalidValue;
   const int blocks = M * (Kp / 32), per = 8;  // 8 warps (32-blocks) per CTA
-  quantize_act_q8_kernel<<<(blocks + per - 1) / per, per * 32, 0, stream>>>(x, M, K, Kp, q, d, s);
-  return cudaGetLastError();
+  return launch_kernel(quantize_act_q8_kernel, dim3((blocks + per - 1) / per), dim3(per * 32), stream, pdl,
+                       x, M, K, Kp, q, d, s);
 }
 
-cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, cudaStream_t stream) {
+cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, cudaStream_t stream, bool pdl) {
   if (M < 1 || K < 1 || Kp % 32 != 0 || Kp < K) return cudaErrorInvalidValue;
   const size_t n = size_t(M) * Kp;
-  convert_act_f16_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(x, M, K, Kp,
-                                                                       reinterpret_cast<__half*>(h));
-  return cudaGetLastError();
+  return launch_kernel(convert_act_f16_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), stream, pdl,
+                       x, M, K, Kp, reinterpret_cast<__half*>(h));
 }
 
 cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
                             const int8_t* xq, const float* xd, int M, float* y, int ldy,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool pdl) {
   if (!shape_ok(N, Kp, M, ldy)) return cudaErrorInvalidValue;
-  return dispatch_m<LaunchNvfp4Dp4a>(M, N, stream, codes, scales, tscale, N, Kp, xq, xd, y, ldy);
+  const GemvArgs a{codes, scales, tscale, 16, N, Kp, xq, xd, nullptr, nullptr, y, ldy};
+  // batch 1: the two-lookup decode (7-12% faster on every Llama-3-8B shape on the H200);
+  // batch >= 2 keeps one signed lookup per word, whose cost is shared by the M rows
+  if (M == 1) return launch<Fmt::Nvfp4PosNeg, 1, 1, 2, true>(a, stream, pdl);
+  return launch_default<Fmt::Nvfp4Dp4a>(a, M, stream, pdl);
 }
 
 cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
-                           const uint16_t* xh, int M, float* y, int ldy, cudaStream_t stream) {
+                           const uint16_t* xh, int M, float* y, int ldy, cudaStream_t stream, bool pdl) {
   if (!shape_ok(N, Kp, M, ldy)) return cudaErrorInvalidValue;
-  return dispatch_m<LaunchNvfp4F16>(M, N, stream, codes, scales, tscale, N, Kp,
-                                    reinterpret_cast<const __half*>(xh), y, ldy);
+  const GemvArgs a{codes, scales, tscale, 16, N, Kp, nullptr, nullptr, nullptr,
+                   reinterpret_cast<const __half*>(xh), y, ldy};
+  return launch_default<Fmt::Nvfp4F16>(a, M, stream, pdl);
 }
 
 cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, int N, int Kp,
                       const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool pdl) {
   if (!shape_ok(N, Kp, M, ldy) || group < 32 || group % 32 != 0 || Kp % group != 0)
     return cudaErrorInvalidValue;
-  return dispatch_m<LaunchW4a8>(M, N, stream, codes, reinterpret_cast<const __half*>(scales), group,
-                                N, Kp, xq, xd, xs, y, ldy);
+  const GemvArgs a{codes, scales, 1.0f, group, N, Kp, xq, xd, xs, nullptr, y, ldy};
+  return launch_default<Fmt::W4a8>(a, M, stream, pdl);
 }
+
+namespace detail {
+
+// Batch-1 configurations (rows per warp R, chunks in flight per lane U) for gpu_bench's sweep.
+cudaError_t gemv_m1_config(int fmt, int R, int U, bool pipelined, const uint8_t* codes, const void* scales, float tscale,
+                           int group, int N, int Kp, const int8_t* xq, const float* xd, const int32_t* xs,
+                           float* y, cudaStream_t stream) {
+  const GemvArgs a{codes, scales, tscale, group, N, Kp, xq, xd, xs, nullptr, y, N};
+  const int key = (pipelined ? 100 : 0) + R * 10 + U;  // + 100: software-pipelined (next step's weights in flight)
+#define KVDECK_CFG(F)                                          \
+  switch (key) {                                               \
+    case 11: return launch<F, 1, 1, 1>(a, stream);             \
+    case 12: return launch<F, 1, 1, 2>(a, stream);             \
+    case 14: return launch<F, 1, 1, 4>(a, stream);             \
+    case 22: return launch<F, 1, 2, 2>(a, stream);             \
+    case 111: return launch<F, 1, 1, 1, true>(a, stream);      \
+    case 112: return launch<F, 1, 1, 2, true>(a, stream);      \
+    case 114: return launch<F, 1, 1, 4, true>(a, stream);      \
+    case 122: return launch<F, 1, 2, 2, true>(a, stream);      \
+    default: return cudaErrorInvalidValue;                     \
+  }
+  if (fmt == 0) KVDECK_CFG(Fmt::Nvfp4Dp4a)
+  if (fmt == 2) KVDECK_CFG(Fmt::Nvfp4PosNeg)
+  KVDECK_CFG(Fmt::W4a8)
+#undef KVDECK_CFG
+}
+
+}  // namespace detail
 
 }  // namespace kvdeck::cuda

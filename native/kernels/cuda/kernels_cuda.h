@@ -3,7 +3,13 @@
 // Owner: native/kernels/cuda/. Stateless host launchers over caller-owned device memory;
 // every launcher only enqueues work on `stream` (no allocation, no sync) and returns the
 // launch status (cudaSuccess, or cudaErrorInvalidValue for a shape it does not support,
-// checked before anything is enqueued). Layouts are those of kvdeck/formats.h (weights)
+// checked before anything is enqueued).
+//
+// pdl (the GEMV path): launch with programmatic dependent launch on sm_90+ (ignored below):
+// the kernel may start while the previous kernel in the stream is still running, loads its
+// weights, and waits (griddepcontrol.wait) for that kernel's completion before it reads its
+// activations or writes anything. Safe after any kernel; pays off in a chain of kernels
+// (a CUDA-graph decode step), where it hides the launch gap and the DRAM latency. Layouts are those of kvdeck/formats.h (weights)
 // and kvdeck/kv_pool.h (KV pages); the CPU kernels (native/kernels/cpu) are the oracle.
 //
 // Validation and timing: native/kernels/cuda/bench (gpu_bench.cu, run_bench.py);
@@ -24,11 +30,12 @@ namespace kvdeck::cuda {
 //   x: f32 [M, K] (row stride K);  q: int8 [M, Kp];  d: f32 [M, Kp/32];  s: int32 [M, Kp/32]
 //   Kp = round_up(K, 32). Any M >= 1.
 cudaError_t quantize_act_q8(const float* x, int M, int K, int Kp, int8_t* q, float* d, int32_t* s,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool pdl = false);
 
 // f32 -> f16 rows, zero-padded from K to Kp (the activations of the FP16 GEMV variant).
 //   x: f32 [M, K];  h: f16 bits [M, Kp]
-cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, cudaStream_t stream);
+cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, cudaStream_t stream,
+                            bool pdl = false);
 
 // =====================================================================================
 // GEMV / skinny GEMM, batch M in [1, 8]: y[m, n] = sum_k x[m, k] * W[n, k]
@@ -36,8 +43,11 @@ cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, c
 // Weight rows are read once for all M activation rows (memory-bound: the weight bytes are
 // the cost). y: f32 [M, N], row stride ldy >= N. Kp = round_up(K, 32) (a multiple of 32).
 
-// NVFP4, integer path: E2M1 codes mapped by a 16-entry byte-permute lookup to 2*e2m1 in int8,
-// __dp4a against the int8 activations, exact int32 per 16-block, then
+// NVFP4, integer path (the faster NVFP4 path on the H200: 1.5-2.2x at batch 1): E2M1 codes
+// mapped by byte permutes to 2*e2m1 in int8 (batch 1: two magnitude lookups, the other sign's
+// codes zeroed by prmt's sign-replicate mode, and two __dp4a per word; batch >= 2: one signed
+// 16-entry lookup of three permutes), __dp4a against the int8 activations, exact int32 per
+// 16-block, then
 //   y = tscale * sum_b d_a(b/2) * (e4m3(s_b) / 2) * isum_b          (the CPU's gemm_nvfp4)
 //   codes: u8 [N, Kp/2] (element 2i low nibble); scales: u8 E4M3 [N, Kp/16]; tscale: f32
 //   xq, xd: quantize_act_q8's q [M, Kp] and d [M, Kp/32]
@@ -45,14 +55,15 @@ cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, c
 // quantiser, decode as 480).
 cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
                             const int8_t* xq, const float* xd, int M, float* y, int ldy,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool pdl = false);
 
 // NVFP4, floating path (the measured alternative): codes mapped by the same byte-permute
 // lookup to f16, half2 FMA against f16 activations within a 16-block (a 16-term f16 sum),
 // then f32 accumulation of block sums times e4m3(s_b), times tscale.
 //   xh: f16 bits [M, Kp] from convert_act_f16. Other arguments as gemv_nvfp4_dp4a.
 cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
-                           const uint16_t* xh, int M, float* y, int ldy, cudaStream_t stream);
+                           const uint16_t* xh, int M, float* y, int ldy, cudaStream_t stream,
+                           bool pdl = false);
 
 // W4A8: offset-binary int4 codes (nibble = q + 8), __dp4a against int8 activations,
 //   y = sum_b d_a(b) * f16(scale[b*32/group]) * (isum_b - 8 * s_a(b))  (the CPU's gemm_w4a8)
@@ -61,7 +72,17 @@ cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float ts
 //   xq, xd, xs: quantize_act_q8's q, d, s.
 cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, int N, int Kp,
                       const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool pdl = false);
+
+namespace detail {
+// Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per
+// warp, U chunks per lane per step; pipelined: the next step's weights are loaded before this
+// step is computed. fmt 0 = NVFP4 dp4a, 1 = W4A8, 2 = NVFP4 with the two-lookup (positive /
+// negative magnitude) decode; y row stride N. For gpu_bench's sweep only.
+cudaError_t gemv_m1_config(int fmt, int R, int U, bool pipelined, const uint8_t* codes, const void* scales, float tscale,
+                           int group, int N, int Kp, const int8_t* xq, const float* xd, const int32_t* xs,
+                           float* y, cudaStream_t stream);
+}  // namespace detail
 
 // =====================================================================================
 // Paged decode attention (one query token per sequence, GQA)
@@ -74,14 +95,20 @@ enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2 };  // the values of kvdeck::
 struct PagedKv {
   const void* k = nullptr;          // device: [n_pages, block, n_kv, row]
   const void* v = nullptr;
-  const int32_t* pages = nullptr;   // device: [ceil(ctx / block)]
+  const int32_t* pages = nullptr;   // device: [ceil(max_ctx / block)] (entries past ctx unused
+                                    // but readable: they are loaded before ctx is read)
   KvFormat format = KvFormat::F16;
   int block = 16, n_kv = 8, D = 128;
 };
 
-// Tokens per split of the sequence, fixed by max_ctx at launch (CUDA-graph friendly): 64 below
-// 8K, 128 below 16K, else 256 (the CPU's attention segment, ops_cpu.h kAttnSegment).
-inline int attn_split_tokens(int max_ctx) { return max_ctx >= 16384 ? 256 : max_ctx >= 8192 ? 128 : 64; }
+// Tokens per split of the sequence, fixed by max_ctx at launch (CUDA-graph friendly): about
+// 64 splits (n_kv * 64 blocks: ~16 warps per SM on an H200 for 8 KV heads), each a multiple
+// of 64 tokens in [64, 2048]; at most kMaxAttnSplits splits (max_ctx <= 524288).
+constexpr int kMaxAttnSplits = 256;
+inline int attn_split_tokens(int max_ctx) {
+  const int s = ((max_ctx + 63) / 64 + 63) / 64 * 64;
+  return s < 64 ? 64 : s > 2048 ? 2048 : s;
+}
 inline int attn_splits(int max_ctx) {
   const int sp = attn_split_tokens(max_ctx);
   return (max_ctx + sp - 1) / sp;
@@ -93,16 +120,35 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 
 // out[h] = softmax_t(scale * q[h] . k_t) . v_t over t in [0, ctx), for head h of KV head
 // h / (n_heads / n_kv). Split over the sequence: one block per (KV head, split)
-// (attn_split_tokens) computes every query head of its group with an online softmax, dequantising NVFP4 rows in
-// registers; a second kernel combines the splits (in order, as attention_combine).
+// (attn_split_tokens) computes every query head of its group with an online softmax,
+// dequantising NVFP4 rows in registers; a second kernel merges the splits. f16 pages run on
+// f32 SIMT cores (relative error ~1e-6); NVFP4 pages on the tensor cores
+// (detail::attention_decode_mma: q and p rounded to f16, ~5e-4 relative), the faster of the
+// two measured on the H200 for each format.
 //   q: f32 [n_heads, D] (roped);  out: f32 [n_heads, D];  ctx >= 1 (a device int so that a
 //   CUDA graph can replay it: ctx_dev[0]); max_ctx bounds ctx and sizes the grid and
 //   workspace (attn_workspace_floats(n_heads, max_ctx, D) floats).
-//   Supported: D in {64, 128}, block a multiple of 16, n_heads / n_kv in [1, 8]
+//   Supported: D in {64, 128}, block a multiple of 16, n_heads / n_kv in [1, 8], max_ctx <= 524288
 //   (Llama-3-8B 32/8, SmolLM2-135M 9/3).
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream);
+
+namespace detail {
+// attention_decode's f32 SIMT kernel for either format (NVFP4 defaults to the tensor cores).
+cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
+// attention_decode's SIMT kernel with the NVFP4 q.k products summed in half2 over 8 values (then f32):
+// the measured alternative (gpu_bench). f16 KV runs the f32 path either way.
+cudaError_t attention_decode_half_qk(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                     int max_ctx, float scale, float* workspace, float* out,
+                                     cudaStream_t stream);
+// attention_decode on the tensor cores (mma.sync m16n8k16, sm_80+): S = Q K^T with Q rounded
+// to f16 (K is exact in f16), O^T += V^T P^T with P rounded to f16, f32 accumulation. Same
+// arguments, workspace and results (to ~5e-4 relative).
+cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
+}  // namespace detail
 
 // =====================================================================================
 // Row-wise elementwise ops (f32)

@@ -16,6 +16,7 @@ struct AttnCase {
   int n_heads, n_kv, D, ctx, max_ctx;
   kc::KvFormat fmt;
   bool time;
+  bool profile = false;  // one launch of the default kernel, nothing checked (for ncu)
 };
 
 size_t row_bytes(kc::KvFormat f, int D) { return f == kc::KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16; }
@@ -66,7 +67,7 @@ void run_case(Options& o, const AttnCase& c) {
 
   // float64 reference over the decoded rows
   std::vector<double> ref(q.size(), 0.0);
-  {
+  if (!c.profile) {
     std::vector<float> kd(size_t(c.ctx) * c.D), vd(size_t(c.ctx) * c.D);
     std::vector<double> s(c.ctx);
     for (int g = 0; g < c.n_kv; ++g) {
@@ -100,7 +101,9 @@ void run_case(Options& o, const AttnCase& c) {
     CK(cudaMemcpy(dk[l], hk.data(), layer_bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dv[l], hv.data(), layer_bytes, cudaMemcpyHostToDevice));
   }
-  int32_t* dpages = dupload(pages);
+  std::vector<int32_t> table(pages);
+  table.resize((c.max_ctx + B - 1) / B, 0);  // the table covers max_ctx (contract)
+  int32_t* dpages = dupload(table);
   const std::vector<int32_t> ctxv = {c.ctx};
   int32_t* dctx = dupload(ctxv);
   float* dq = dupload(q);
@@ -113,23 +116,43 @@ void run_case(Options& o, const AttnCase& c) {
     return kv;
   };
 
-  CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison
-  CK(kc::attention_decode(kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
-  CK(cudaDeviceSynchronize());
-  const auto out = ddownload(dout, q.size());
-  const ErrStats e = compare(out.data(), ref.data(), out.size());
-  char sh[96];
-  std::snprintf(sh, sizeof sh, "ctx=%d/%d h=%d/%d D=%d", c.ctx, c.max_ctx, c.n_heads, c.n_kv, c.D);
-  add_validation(std::string("attn_") + fname + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, 1e-4);
-
-  if (c.time) {
+  // the default path (f32 SIMT), the tensor-core path and, for NVFP4, the half2 q.k alternative
+  using Fn = cudaError_t (*)(const kc::PagedKv&, const float*, int, const int32_t*, int, float, float*,
+                             float*, cudaStream_t);
+  struct Variant {
+    std::string name;
+    Fn fn;
+    double bound;
+  };
+  if (c.profile) {
+    CK(kc::attention_decode(kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
+    CK(cudaDeviceSynchronize());
+    std::printf("PROFILE attn_%s ctx=%d: one launch\n", fname, c.ctx);
+  }
+  // attn_<fmt>: the default (attention_decode); _simt / _mma: each kernel explicitly
+  const bool nv = c.fmt == kc::KvFormat::NVFP4;
+  std::vector<Variant> vars = {{std::string("attn_") + fname, kc::attention_decode, nv ? 1e-3 : 1e-4},
+                               {std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4},
+                               {std::string("attn_") + fname + "_mma", kc::detail::attention_decode_mma, 1e-3}};
+  if (nv) vars.push_back({"attn_nvfp4_hqk", kc::detail::attention_decode_half_qk, 5e-3});
+  for (const Variant& var : vars) {
+    if (c.profile) break;
+    CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison
+    CK(var.fn(kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
+    CK(cudaDeviceSynchronize());
+    const auto out = ddownload(dout, q.size());
+    const ErrStats e = compare(out.data(), ref.data(), out.size());
+    char sh[96];
+    std::snprintf(sh, sizeof sh, "ctx=%d/%d h=%d/%d D=%d", c.ctx, c.max_ctx, c.n_heads, c.n_kv, c.D);
+    add_validation(var.name + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, var.bound);
+    if (!c.time) continue;
     const double bytes = 2.0 * double(c.ctx) * c.n_kv * row + 2.0 * q.size() * 4 + n_pages * 4.0;
     const double us = time_us(o, layers, [&](int l, cudaStream_t st) {
-      kc::attention_decode(kv_of(l), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, st);
+      var.fn(kv_of(l), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, st);
     });
     char tsh[64];
     std::snprintf(tsh, sizeof tsh, "ctx=%d", c.ctx);
-    add_timing(o, std::string("attn_") + fname, tsh, us, bytes);
+    add_timing(o, var.name, tsh, us, bytes);
   }
   for (int l = 0; l < layers; ++l) {
     CK(cudaFree(dk[l]));
@@ -144,12 +167,21 @@ void run_case(Options& o, const AttnCase& c) {
 
 }  // namespace
 
+void profile_attention(Options& o) {
+  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
+    AttnCase c{32, 8, 128, 32768, 32768, f, false};
+    c.profile = true;
+    run_case(o, c);
+  }
+}
+
 void bench_attention(Options& o) {
   for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
     // short and ragged contexts, a grid sized for more than ctx, SmolLM2's 9/3 heads at D=64
     run_case(o, {32, 8, 128, 1, 1, f, false});
     run_case(o, {32, 8, 128, 17, 17, f, false});
     run_case(o, {32, 8, 128, 300, 4096, f, false});
+    run_case(o, {32, 8, 128, 5000, 40000, f, false});
     run_case(o, {9, 3, 64, 1000, 1000, f, false});
     run_case(o, {32, 8, 128, 9000, 9000, f, false});
     if (o.quick) continue;

@@ -162,6 +162,12 @@ void run_shape(Options& o, const Shape& s, const std::vector<int>& Ms, bool time
     CK(kc::gemv_nvfp4_dp4a(w.codes[0], w.nv_scales[0], w.tscale, s.N, Kp, dq, dd, M, dy, s.N, 0));
     cpu_gemm();
     check("nvfp4_dp4a vs cpu", 1e-5);
+    if (M == 1) {  // the alternative decode (two magnitude lookups), same result
+      CK(cudaMemset(dy, 0xFF, size_t(M) * s.N * 4));
+      CK(kc::detail::gemv_m1_config(2, 1, 2, true, w.codes[0], w.nv_scales[0], w.tscale, 16, s.N, Kp, dq, dd,
+                                    ds, dy, 0));
+      check("nvfp4_posneg vs cpu", 1e-5);
+    }
     // the same result against float64 with unquantised activations (quantisation effect)
     for (int m = 0; m < M; ++m)
       for (int i = 0; i < S; ++i) {
@@ -189,6 +195,12 @@ void run_shape(Options& o, const Shape& s, const std::vector<int>& Ms, bool time
     CK(kc::gemv_w4a8(w.codes[0], w.w4_scales[0], w.group, s.N, Kp, dq, dd, ds, M, dy, s.N, 0));
     cpu_gemm();
     check("w4a8 vs cpu", 1e-5);
+    // the PDL launch path after a quantiser launched with PDL: same results
+    CK(cudaMemset(dy, 0xFF, size_t(M) * s.N * 4));
+    CK(cudaMemset(dq, 0, size_t(M) * Kp));
+    CK(kc::quantize_act_q8(dx, M, s.K, Kp, dq, dd, ds, 0, true));
+    CK(kc::gemv_w4a8(w.codes[0], w.w4_scales[0], w.group, s.N, Kp, dq, dd, ds, M, dy, s.N, 0, true));
+    check("w4a8 pdl vs cpu", 1e-5);
     CK(cudaDeviceSynchronize());
 
     if (!time) continue;
@@ -224,6 +236,39 @@ void run_shape(Options& o, const Shape& s, const std::vector<int>& Ms, bool time
       kc::gemv_w4a8(w.codes[c], w.w4_scales[c], w.group, s.N, Kp, dq, dd, ds, M, dy, s.N, st);
     });
     add_timing(o, std::string("w4a8+q ") + s.name, sh, us, w4_bytes + xin + act_q8);
+    // the same with programmatic dependent launch (each kernel overlaps its predecessor's tail)
+    us = time_us(o, C, [&](int c, cudaStream_t st) {
+      kc::gemv_nvfp4_dp4a(w.codes[c], w.nv_scales[c], w.tscale, s.N, Kp, dq, dd, M, dy, s.N, st, true);
+    });
+    add_timing(o, std::string("nvfp4_dp4a_pdl ") + s.name, sh, us, nv_bytes);
+    us = time_us(o, C, [&](int c, cudaStream_t st) {
+      kc::quantize_act_q8(dx, M, s.K, Kp, dq, dd, ds, st, true);
+      kc::gemv_nvfp4_dp4a(w.codes[c], w.nv_scales[c], w.tscale, s.N, Kp, dq, dd, M, dy, s.N, st, true);
+    });
+    add_timing(o, std::string("nvfp4_dp4a+q_pdl ") + s.name, sh, us, nv_bytes + xin + act_q8);
+    us = time_us(o, C, [&](int c, cudaStream_t st) {
+      kc::gemv_w4a8(w.codes[c], w.w4_scales[c], w.group, s.N, Kp, dq, dd, ds, M, dy, s.N, st, true);
+    });
+    add_timing(o, std::string("w4a8_pdl ") + s.name, sh, us, w4_bytes);
+    us = time_us(o, C, [&](int c, cudaStream_t st) {
+      kc::quantize_act_q8(dx, M, s.K, Kp, dq, dd, ds, st, true);
+      kc::gemv_w4a8(w.codes[c], w.w4_scales[c], w.group, s.N, Kp, dq, dd, ds, M, dy, s.N, st, true);
+    });
+    add_timing(o, std::string("w4a8+q_pdl ") + s.name, sh, us, w4_bytes + xin + act_q8);
+    if (M != 1) continue;
+    // batch-1 configurations: rows per warp R, chunks in flight per lane U
+    for (int fmt = 0; fmt < 3; ++fmt)
+      for (int cfg : {11, 12, 14, 22, 111, 112, 114, 122}) {
+        const int R = cfg / 10 % 10, U = cfg % 10;
+        const bool pf = cfg >= 100;
+        us = time_us(o, C, [&](int c, cudaStream_t st) {
+          kc::detail::gemv_m1_config(fmt, R, U, pf, w.codes[c],
+                                     fmt == 1 ? (const void*)w.w4_scales[c] : w.nv_scales[c], w.tscale, w.group,
+                                     s.N, Kp, dq, dd, ds, dy, st);
+        });
+        add_timing(o, std::string(fmt == 1 ? "tune w4a8 R" : fmt ? "tune nvfp4pn R" : "tune nvfp4 R") + std::to_string(R) + "U" +
+                          std::to_string(U) + (pf ? "P " : " ") + s.name, sh, us, fmt == 1 ? w4_bytes : nv_bytes);
+      }
   }
   CK(cudaFree(dx));
   CK(cudaFree(dq));

@@ -1,0 +1,26 @@
+// attention_impl.cuh — pieces shared by the decode-attention kernels (attention.cu, attention_mma.cu).
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels_cuda.h"
+
+namespace kvdeck::cuda::detail {
+
+constexpr int kAttnWarps = 4;  // warps per (KV head, split) block; each owns a quarter split
+
+// The shapes attention_decode supports (kernels_cuda.h).
+inline bool attn_shape_ok(const PagedKv& kv, int n_heads, int max_ctx) {
+  if (kv.n_kv < 1 || n_heads % kv.n_kv != 0 || (kv.D != 64 && kv.D != 128) || kv.block < 16 ||
+      kv.block % 16 != 0 || max_ctx < 1 || attn_splits(max_ctx) > kMaxAttnSplits)
+    return false;
+  const int G = n_heads / kv.n_kv;
+  return G >= 1 && G <= 8;
+}
+
+// Merge the splits' partials ws [n_heads, n_splits, D + 2] into out [n_heads, D].
+cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
+                                int n_heads, float* out, cudaStream_t stream);
+
+}  // namespace kvdeck::cuda::detail

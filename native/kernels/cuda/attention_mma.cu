@@ -1,0 +1,340 @@
+// attention_mma.cu — paged decode attention on the tensor cores (mma.sync m16n8k16, f16 in,
+// f32 accumulate; sm_80+, so Orin and Hopper). Same grid, splits, workspace and combine as
+// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma).
+//
+// Per warp and chunk of 16 tokens:
+//   S  = Q K^T   two m16n8 tiles (rows: the G query heads, padded to 16; columns: 8 tokens),
+//                k = D in D/16 slices. Q is rounded to f16 (kQSplit would add its f16 residual
+//                in a second MMA per slice, f32-level scores, at 16 more registers); K is
+//                exact in f16 (f16 pages, or NVFP4 e2m1 x e4m3 products, exact in f16).
+//   O^T += V^T P^T  D/16 m16n8 tiles (rows: D, columns: the heads, padded to 8), k = 16 tokens;
+//                P is rounded to f16 (relative 2^-11), O accumulates in f32.
+// The D index is permuted consistently inside each product (Q with K, V^T with O^T) so that
+// every lane reads contiguous bytes: for S, lane (g, t) = (lane / 4, lane % 4) reads token g's
+// values [t D/4, (t+1) D/4); for V, token rows {2t, 2t+1, 2t+8, 2t+9} at [g D/8, (g+1) D/8).
+// The S accumulators are the P operand of the second product without any shuffle.
+#include <cstdint>
+
+#include "attention_impl.cuh"
+#include "common.cuh"
+#include "kernels_cuda.h"
+
+namespace kvdeck::cuda {
+
+using namespace detail;
+
+namespace {
+
+// =====================================================================================
+// MMA, half2 helpers, loads
+// =====================================================================================
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// An E4M3 byte as an exact f16 (the /256 bit placement, then x256, exact in f16).
+__device__ __forceinline__ __half2 e4m3_h2(uint32_t b) {
+  const uint32_t h = ((b & 0x7Fu) << 7) | ((b & 0x80u) << 8);
+  return __hmul2(bits2h(h | (h << 16)), __float2half2_rn(256.0f));
+}
+
+// Raw bytes of the lane's K segment (N32 u32 words of f16 pairs or E2M1 codes) and V rows.
+template <KvFormat F, int D>
+struct KvRegs {
+  static constexpr int KW = F == KvFormat::F16 ? D / 8 : D / 32;   // u32 per K segment (D/4 values)
+  static constexpr int VW = F == KvFormat::F16 ? D / 16 : D / 64;  // u32 per V slice (D/8 values)
+  uint32_t k[2][KW], ks[2];   // tiles 0, 1: token g and g + 8; ks: scale bytes (NVFP4)
+  uint32_t v[4][VW], vs[4];   // rows 2t, 2t+1, 2t+8, 2t+9
+};
+
+template <KvFormat F, int D>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, int n) {
+  if constexpr (F == KvFormat::F16) {  // 16-byte aligned
+    for (int i = 0; i < n; i += 4) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
+      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+    }
+  } else if constexpr (D == 128) {     // NVFP4 rows of 72 bytes: 8-byte aligned
+    for (int i = 0; i < n; i += 2) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i / 2);
+      w[i] = v.x, w[i + 1] = v.y;
+    }
+  } else {                             // 36-byte rows: 4-byte aligned
+    for (int i = 0; i < n; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  }
+}
+
+template <KvFormat F, int D>
+__device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, size_t row0,
+                                           int n_kv, int g_kv, int valid, int gid, int tig) {
+  using R = KvRegs<F, D>;
+  constexpr size_t kRow = F == KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16;
+  auto row_off = [&](int j) { return ((row0 + size_t(min(j, valid - 1))) * n_kv + g_kv) * kRow; };
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile) {
+    const uint8_t* p = kb + row_off(gid + 8 * tile);
+    if constexpr (F == KvFormat::F16) {
+      load_words<F, D>(p + tig * (D / 4) * 2, r.k[tile], R::KW);
+      r.ks[tile] = 0;
+    } else {
+      load_words<F, D>(p + tig * (D / 8), r.k[tile], R::KW);
+      r.ks[tile] = D == 128 ? __ldg(reinterpret_cast<const uint16_t*>(p + D / 2) + tig) : __ldg(p + D / 2 + tig);
+    }
+  }
+  const int rows[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* p = vb + row_off(rows[i]);
+    if constexpr (F == KvFormat::F16) {
+      load_words<F, D>(p + gid * (D / 8) * 2, r.v[i], R::VW);
+      r.vs[i] = 0;
+    } else {
+      load_words<F, D>(p + gid * (D / 16), r.v[i], R::VW);
+      r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
+    }
+  }
+}
+
+// A lane's values as half2 (n2 of them): f16 words as they are; NVFP4 codes decoded, times the
+// scale of each 16-value block (exact).
+template <KvFormat F>
+__device__ __forceinline__ void to_half2(const uint32_t* w, int nw, uint32_t scales, uint32_t* h) {
+  if constexpr (F == KvFormat::F16) {
+    for (int i = 0; i < nw; ++i) h[i] = w[i];
+  } else {
+    for (int i = 0; i < nw; ++i) {
+      uint32_t q[4];
+      e2m1x8_to_half2x4(w[i], q);
+      const __half2 s = e4m3_h2((scales >> (8 * (i / 2))) & 0xFFu);  // words 2b, 2b+1: block b
+#pragma unroll
+      for (int j = 0; j < 4; ++j) h[4 * i + j] = h2bits(__hmul2(bits2h(q[j]), s));
+    }
+  }
+}
+
+// =====================================================================================
+// Split kernel on the tensor cores
+// =====================================================================================
+
+template <KvFormat F, int D, int G>
+__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
+attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
+                const int32_t* __restrict__ pages, int block, int n_kv, const float* __restrict__ q,
+                const int32_t* __restrict__ ctx_dev, int split, int n_splits, int n_pt, float scale_log2,
+                float* __restrict__ ws) {
+  using R = KvRegs<F, D>;
+  constexpr int KS = D / 16;  // k slices of S; also m tiles of O^T
+  constexpr bool kPrefetch = F == KvFormat::NVFP4;
+  constexpr bool kQSplit = false;  // Q as f16 hi + lo (f32-level scores) costs 16 registers
+  const int g_kv = blockIdx.x, sp = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
+  const int per_warp = split / kAttnWarps;
+  const int t_begin = sp * split, w_begin = t_begin + warp * per_warp;
+  // issued before ctx is known: page indices (the table covers max_ctx) and Q
+  const int p_first = w_begin / block;
+  const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
+
+  // Q as the A operand (rows = heads; lane row gid), split into hi + lo f16 parts
+  uint32_t qhi[KS][2], qlo[KS][2];
+#pragma unroll
+  for (int j = 0; j < KS; ++j)
+#pragma unroll
+    for (int hlf = 0; hlf < 2; ++hlf) {
+      float a = 0.f, b = 0.f;
+      if (gid < G) {
+        const float* qr = q + size_t(g_kv * G + gid) * D + tig * (D / 4) + 4 * j + 2 * hlf;
+        a = qr[0] * scale_log2, b = qr[1] * scale_log2;
+      }
+      const __half2 hi = __floats2half2_rn(a, b);
+      const float2 hf = __half22float2(hi);
+      qhi[j][hlf] = h2bits(hi);
+      qlo[j][hlf] = h2bits(__floats2half2_rn(a - hf.x, b - hf.y));
+    }
+  const int ctx = *ctx_dev;
+  if (t_begin >= ctx) return;
+  const int t_end = min(ctx, t_begin + split);
+  const int w_end = min(t_end, w_begin + per_warp);
+
+  float oc[KS][4] = {};             // O^T tiles: (d rows, head columns 2t, 2t+1)
+  float m = -INFINITY, l = 0.0f;    // softmax state of head gid (l: this lane's tokens)
+  R cur, nxt;
+  auto load = [&](int t0, R& r) {
+    const int pg = __shfl_sync(0xffffffffu, my_page, min(t0 / block - p_first, 31));
+    load_chunk<F, D>(r, kbase, vbase, size_t(pg) * block + t0 % block, n_kv, g_kv, w_end - t0, gid, tig);
+  };
+  if (w_begin < w_end) load(w_begin, cur);
+  for (int t0 = w_begin; t0 < w_end; t0 += 16) {
+    if (kPrefetch && t0 + 16 < w_end) load(t0 + 16, nxt);
+    // ---- S = Q K^T for tokens t0 + [0, 8) and t0 + [8, 16) ------------------------------
+    // two accumulator chains per tile (even / odd slices) halve the dependent MMA latency
+    float s[2][4] = {}, s2[2][4] = {};
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int wi = 0; wi < R::KW; ++wi) {  // one word: f16 1 half2 (half a slice); NVFP4 4 half2
+        uint32_t kh[F == KvFormat::F16 ? 1 : 4];
+        to_half2<F>(&cur.k[tile][wi], 1, F == KvFormat::F16 ? 0u : (cur.ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
+        if constexpr (F == KvFormat::F16) {
+          if (wi % 2 == 1) {
+            const int j = wi / 2;
+            float (&acc)[4] = j % 2 ? s2[tile] : s[tile];
+            mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, cur.k[tile][wi - 1], kh[0]);
+            if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, cur.k[tile][wi - 1], kh[0]);
+          }
+        } else {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * wi + jj;
+            float (&acc)[4] = jj ? s2[tile] : s[tile];
+            mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
+            if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
+          }
+        }
+      }
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[tile][e] += s2[tile][e];
+    // ---- online softmax of head gid over the chunk's 16 tokens (4 per lane) -------------
+    float cm = m;
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (t0 + 8 * tile + 2 * tig + e >= w_end) s[tile][e] = -INFINITY;
+        cm = fmaxf(cm, s[tile][e]);
+      }
+    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
+    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
+    const float ref = cm == -INFINITY ? 0.0f : cm;
+    const float alpha = exp2f(m - ref);
+    float p[2][2];
+    float psum = 0.0f;
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) psum += (p[tile][e] = gid < G ? exp2f(s[tile][e] - ref) : 0.0f);
+    l = l * alpha + psum;
+    m = cm;
+    // ---- O^T = O^T * alpha + V^T P^T -------------------------------------------------------
+    const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * tig), a1 = __shfl_sync(0xffffffffu, alpha, 8 * tig + 4);
+    const uint32_t pb0 = h2bits(__floats2half2_rn(p[0][0], p[0][1]));  // tokens 2t, 2t+1 of head gid
+    const uint32_t pb1 = h2bits(__floats2half2_rn(p[1][0], p[1][1]));  // tokens 2t+8, 2t+9
+#pragma unroll
+    for (int i = 0; i < KS; ++i) oc[i][0] *= a0, oc[i][2] *= a0, oc[i][1] *= a1, oc[i][3] *= a1;
+#pragma unroll
+    for (int wi = 0; wi < R::VW; ++wi) {  // rows 2t, 2t+1, 2t+8, 2t+9: one word each
+      constexpr int NH = F == KvFormat::F16 ? 1 : 4;
+      uint32_t vh[4][NH];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) to_half2<F>(&cur.v[r][wi], 1, cur.vs[r], vh[r]);
+#pragma unroll
+      for (int jj = 0; jj < NH; ++jj) {
+        const int i = NH * wi + jj;  // m tile: rows d = g D/8 + 2i (a0, a2) and + 2i + 1 (a1, a3)
+        mma16816(oc[i], prmt(vh[0][jj], vh[1][jj], 0x5410u), prmt(vh[0][jj], vh[1][jj], 0x7632u),
+                 prmt(vh[2][jj], vh[3][jj], 0x5410u), prmt(vh[2][jj], vh[3][jj], 0x7632u), pb0, pb1);
+      }
+    }
+    if constexpr (kPrefetch) cur = nxt;
+    else if (t0 + 16 < w_end) load(t0 + 16, cur);
+  }
+  pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // ---- merge the warps in shared memory, write the split's partial ----------------------
+  __shared__ float so[kAttnWarps][G][D];
+  __shared__ float sm[kAttnWarps][G], sl[kAttnWarps][G];
+#pragma unroll
+  for (int i = 0; i < KS; ++i) {
+    const int d = gid * (D / 8) + 2 * i;
+    if (2 * tig < G) so[warp][2 * tig][d] = oc[i][0], so[warp][2 * tig][d + 1] = oc[i][2];
+    if (2 * tig + 1 < G) so[warp][2 * tig + 1][d] = oc[i][1], so[warp][2 * tig + 1][d + 1] = oc[i][3];
+  }
+  if (tig == 0 && gid < G) sm[warp][gid] = m, sl[warp][gid] = l;
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += kAttnWarps * 32) {
+    const int h = i / D, d = i % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][h]);
+    const float ref = mx == -INFINITY ? 0.0f : mx;
+    float acc = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) {
+      const float c = exp2f(sm[w][h] - ref);
+      acc += c * so[w][h][d];
+      lsum += c * sl[w][h];
+    }
+    float* dst = ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2);
+    dst[d] = acc;
+    if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
+  }
+}
+
+// =====================================================================================
+// Launchers
+// =====================================================================================
+
+template <KvFormat F, int D>
+cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx, int split,
+                       int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
+  const auto* k = static_cast<const uint8_t*>(kv.k);
+  const auto* v = static_cast<const uint8_t*>(kv.v);
+#define KVDECK_MMA_CASE(GG)                                                                          \
+  case GG:                                                                                           \
+    attn_mma_kernel<F, D, GG><<<grid, kAttnWarps * 32, 0, st>>>(k, v, kv.pages, kv.block, kv.n_kv, q, \
+                                                                ctx, split, n_splits, n_pt, sl2, ws); \
+    break;
+  switch (G) {
+    KVDECK_MMA_CASE(1)
+    KVDECK_MMA_CASE(2)
+    KVDECK_MMA_CASE(3)
+    KVDECK_MMA_CASE(4)
+    KVDECK_MMA_CASE(5)
+    KVDECK_MMA_CASE(6)
+    KVDECK_MMA_CASE(7)
+    KVDECK_MMA_CASE(8)
+    default: return cudaErrorInvalidValue;
+  }
+#undef KVDECK_MMA_CASE
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+namespace detail {
+
+cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
+  if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
+  const int G = n_heads / kv.n_kv;
+  const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
+  const int n_pt = (max_ctx + kv.block - 1) / kv.block;
+  const dim3 grid(kv.n_kv, n_splits);
+  const float sl2 = scale * 1.4426950408889634f;
+  cudaError_t err;
+  if (kv.format == KvFormat::F16)
+    err = kv.D == 128 ? launch_mma<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::NVFP4)
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else
+    return cudaErrorInvalidValue;
+  if (err != cudaSuccess) return err;
+  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream);
+}
+
+}  // namespace detail
+
+}  // namespace kvdeck::cuda
