@@ -106,6 +106,14 @@ class KvdeckApp(App):
         if m is not None and m.is_mounted and (self.state.busy or self.load_stage):
             for w in m.query("#status"):
                 w.update(m.status_text())
+            if self.state.busy and self.loaded is not None:
+                # engine.snapshot() is a cheap copy that never waits for the running prefill:
+                # the gauge shows the call's locked pages while it runs.
+                self.state.set_pool(self.loaded.engine.snapshot())
+                from app.tui.widgets.pool import PoolPanel
+
+                for w in m.query(PoolPanel):
+                    w.sync()
 
     def _tick_stall(self) -> None:
         now = time.monotonic()

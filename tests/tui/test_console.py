@@ -132,3 +132,26 @@ async def test_an_outbox_tool_asks_first_and_a_refusal_goes_back_to_the_model(bu
         tools = [e.tool for e in app.state.entries if e.kind == "tool"]
         assert tools and tools[-1].name == "add_reminder"
         assert tools[-1].ok is False and tools[-1].result == DECLINED
+
+
+@pytest.mark.anyio
+async def test_settings_validate_and_reload_the_engine(builder):
+    from app.tui.screens.settings import SettingsScreen
+
+    app = KvdeckApp(builder, OPTS, sampler=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _loaded(pilot, app)
+        first = app.loaded.agent
+        await pilot.press("f4")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#kv_pages").value = "many"
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+        assert "kv_pages" in shown(app.screen.query_one("#error")), "a bad field is named"
+        app.screen.query_one("#kv_pages").value = "0"
+        app.screen.query_one("#max_tokens").value = "5"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.loaded is not None and app.loaded.agent is not first, timeout=120)
+        assert app.options.max_tokens == 5 and app.loaded.agent.limits.max_tokens == 5
+        assert any("reloading" in e.text for e in app.state.entries)
