@@ -4,7 +4,7 @@ Builds native/kernels/cuda/bench/gpu_bench with nvcc for this machine's GPU and 
 validation (`--quick`): the activation quantiser bit for bit against the CPU's, the NVFP4 and
 W4A8 GEMVs against the CPU scalar kernels (sampled rows, batch 1..8, padded K), paged decode
 attention over f16 and NVFP4 pages against a float64 softmax, RMSNorm / RoPE / SiLU-mul, and
-the launchers' refusal of unsupported shapes. Skipped where there is no nvcc or no GPU (CI).
+the fused quantise + GEMV kernels, and the launchers' refusal of unsupported shapes. Skipped where there is no nvcc or no GPU (CI).
 Set KVDECK_GPU_BENCH to a built gpu_bench to skip the build.
 """
 
@@ -56,7 +56,7 @@ def test_every_check_passes(validation):
 
 @pytest.mark.parametrize("name, count", [
     ("act_q8", 18), ("nvfp4_dp4a vs cpu", 18), ("nvfp4_f16", 18), ("w4a8 vs cpu", 18), ("w4a8 pdl vs cpu", 18),
-    ("nvfp4_posneg vs cpu", 3),
+    ("nvfp4_posneg vs cpu", 3), ("nvfp4 q8fused vs cpu", 3), ("w4a8 q8fused vs cpu", 3),
     ("attn_f16 vs", 6), ("attn_nvfp4 vs", 6), ("attn_f16_simt", 6), ("attn_nvfp4_simt", 6),
     ("attn_f16_mma", 6), ("attn_nvfp4_mma", 6), ("attn_nvfp4_hqk", 6), ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
 ])

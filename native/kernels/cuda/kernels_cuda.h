@@ -74,6 +74,17 @@ cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, i
                       const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
                       cudaStream_t stream, bool pdl = false);
 
+// Batch 1 with the activation quantisation fused in (gemv_fused.cu): x f32 [K] is quantised
+// per 32-block into shared memory exactly as quantize_act_q8 does, then y[n] = the GEMV above
+// (y: f32 [N]). One kernel instead of two; Kp <= kFusedMaxKp. Measured on the H200: slower
+// than quantize_act_q8 + GEMV on every shape (each block re-quantises x before its rows;
+// down 26.8 vs 12.9 µs) — the measured alternative, not the path to use there.
+constexpr int kFusedMaxKp = 16384;
+cudaError_t gemv_nvfp4_q8fused(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int K,
+                               int Kp, const float* x, float* y, cudaStream_t stream, bool pdl = false);
+cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int group, int N, int K, int Kp,
+                              const float* x, float* y, cudaStream_t stream, bool pdl = false);
+
 namespace detail {
 // Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per
 // warp, U chunks per lane per step; pipelined: the next step's weights are loaded before this

@@ -167,6 +167,9 @@ void run_shape(Options& o, const Shape& s, const std::vector<int>& Ms, bool time
       CK(kc::detail::gemv_m1_config(2, 1, 2, true, w.codes[0], w.nv_scales[0], w.tscale, 16, s.N, Kp, dq, dd,
                                     ds, dy, 0));
       check("nvfp4_posneg vs cpu", 1e-5);
+      CK(cudaMemset(dy, 0xFF, size_t(M) * s.N * 4));
+      CK(kc::gemv_nvfp4_q8fused(w.codes[0], w.nv_scales[0], w.tscale, s.N, s.K, Kp, dx, dy, 0, true));
+      check("nvfp4 q8fused vs cpu", 1e-5);
     }
     // the same result against float64 with unquantised activations (quantisation effect)
     for (int m = 0; m < M; ++m)
@@ -195,6 +198,11 @@ void run_shape(Options& o, const Shape& s, const std::vector<int>& Ms, bool time
     CK(kc::gemv_w4a8(w.codes[0], w.w4_scales[0], w.group, s.N, Kp, dq, dd, ds, M, dy, s.N, 0));
     cpu_gemm();
     check("w4a8 vs cpu", 1e-5);
+    if (M == 1) {
+      CK(cudaMemset(dy, 0xFF, size_t(M) * s.N * 4));
+      CK(kc::gemv_w4a8_q8fused(w.codes[0], w.w4_scales[0], w.group, s.N, s.K, Kp, dx, dy, 0, true));
+      check("w4a8 q8fused vs cpu", 1e-5);
+    }
     // the PDL launch path after a quantiser launched with PDL: same results
     CK(cudaMemset(dy, 0xFF, size_t(M) * s.N * 4));
     CK(cudaMemset(dq, 0, size_t(M) * Kp));
@@ -256,6 +264,18 @@ void run_shape(Options& o, const Shape& s, const std::vector<int>& Ms, bool time
     });
     add_timing(o, std::string("w4a8+q_pdl ") + s.name, sh, us, w4_bytes + xin + act_q8);
     if (M != 1) continue;
+    // activation quantisation fused into the GEMV (one kernel), without and with PDL
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      us = time_us(o, C, [&](int c, cudaStream_t st) {
+        kc::gemv_nvfp4_q8fused(w.codes[c], w.nv_scales[c], w.tscale, s.N, s.K, Kp, dx, dy, st, pdl);
+      });
+      add_timing(o, std::string(pdl ? "nvfp4_dp4a+qf_pdl " : "nvfp4_dp4a+qf ") + s.name, sh, us, wbytes + xin + out);
+      us = time_us(o, C, [&](int c, cudaStream_t st) {
+        kc::gemv_w4a8_q8fused(w.codes[c], w.w4_scales[c], w.group, s.N, s.K, Kp, dx, dy, st, pdl);
+      });
+      add_timing(o, std::string(pdl ? "w4a8+qf_pdl " : "w4a8+qf ") + s.name, sh, us,
+                 double(s.N) * Kp / 2 + double(w.w4_scale_count) * 2 + xin + out);
+    }
     // batch-1 configurations: rows per warp R, chunks in flight per lane U
     for (int fmt = 0; fmt < 3; ++fmt)
       for (int cfg : {11, 12, 14, 22, 111, 112, 114, 122}) {

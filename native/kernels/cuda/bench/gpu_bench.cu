@@ -226,6 +226,8 @@ void check_contracts() {
   expect_invalid(kc::attention_decode(kv, nullptr, 36, nullptr, 16, 1.f, nullptr, nullptr, 0));
   expect_invalid(kc::attention_decode(kv, nullptr, 128, nullptr, 16, 1.f, nullptr, nullptr, 0));
   expect_invalid(kc::rope(nullptr, 1, 32, 128, 100, nullptr, nullptr, 0));
+  expect_invalid(kc::gemv_w4a8_q8fused(nullptr, nullptr, 32, 64, 20000, 20000, nullptr, nullptr, 0));
+  expect_invalid(kc::gemv_nvfp4_q8fused(nullptr, nullptr, 1.f, 64, 100, 96, nullptr, nullptr, 0));
   add_validation("contracts (not refused)", std::to_string(total) + " bad calls", bad, bad, bad, 0.0);
 }
 
