@@ -111,7 +111,13 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
         for k in ("package", "version", "wheel_sha256", "member"):
             _req(source, k, p, "source.")
     recipe = dict(DEFAULT_RECIPE)
-    recipe.update({k: int(v) for k, v in data.get("quant", {}).items()})
+    quant = dict(data.get("quant", {}))
+    head = quant.pop("head", None)  # "4bit" | "w8a8": the tied head of nvfp4/w4a8 folders
+    recipe.update({k: int(v) for k, v in quant.items()})
+    if head is not None:
+        if head not in ("4bit", "w8a8"):
+            raise ModelError(f"{p}: quant.head must be \"4bit\" or \"w8a8\", got {head!r}")
+        recipe["head"] = head
     if recipe["nvfp4_block"] != 16:
         raise ModelError(f"{p}: quant.nvfp4_block must be 16 (NVFP4 fixes it), got {recipe['nvfp4_block']}")
     return Manifest(

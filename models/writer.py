@@ -149,6 +149,15 @@ def convert_exact(src: ModelSource) -> dict[str, np.ndarray]:
     return out
 
 
+def _head_format(fmt: str, recipe: dict) -> str:
+    """The lm_head's format in a 4-bit folder: the folder's own, or w8a8 when the recipe says
+    `head = "w8a8"` (an 8-bit head: int8 codes, f16 scale per 32; models/quant/w8a8.py)."""
+    head = recipe.get("head", "4bit")
+    if head not in ("4bit", "w8a8"):
+        raise ModelError(f"[quant] head = {head!r}: expected \"4bit\" or \"w8a8\"")
+    return "w8a8" if head == "w8a8" and fmt in ("nvfp4", "w4a8") else fmt
+
+
 def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, np.ndarray]:
     """Apply the per-tensor rules of the module docstring; returns the safetensors dict."""
     if fmt not in FORMATS:
@@ -162,7 +171,7 @@ def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[
         if name == "model.embed_tokens.weight":  # [V, H]
             out[name] = np.ascontiguousarray(w.astype(np.float32 if fmt == "f32" else np.float16))
             if tied and fmt in ("nvfp4", "w4a8"):
-                out.update(_quantize("lm_head.weight", w.astype(np.float32), fmt, recipe))
+                out.update(_quantize("lm_head.weight", w.astype(np.float32), _head_format(fmt, recipe), recipe))
         elif _is_norm(name) or name.endswith(".bias"):  # [H] / [head_dim] / [N]
             out[name] = np.ascontiguousarray(w, dtype=np.float32)
         elif _is_linear(name):  # [N, K]
@@ -170,7 +179,7 @@ def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[
                 raise ModelError(f"{src.source.get('file', src.name)}: tensor {name} has shape {w.shape}, expected 2-D")
             if tied and name == "lm_head.weight":
                 continue  # tied: the embedding is the source of truth
-            out.update(_quantize(name, w, fmt, recipe))
+            out.update(_quantize(name, w, _head_format(fmt, recipe) if name == "lm_head.weight" else fmt, recipe))
         else:
             raise ModelError(f"{src.source.get('file', src.name)}: unexpected tensor {name!r} {tuple(w.shape)}")
     return out

@@ -34,6 +34,11 @@ def quantize_linear(w, fmt: str, group: int | None = 32, recipe: str = "mse") ->
     if fmt == "w4a8":
         t = quantize_w4a8(w, group, recipe=recipe)
         return {"weight.codes": t.codes, "weight.scales": t.scales}
+    if fmt == "w8a8":
+        from .w8a8 import quantize_w8a8
+
+        t = quantize_w8a8(w)
+        return {"weight.codes": t["codes"], "weight.scales": t["scales"]}
     if fmt == "f16":
         return {"weight": w.astype(np.float16)}
     if fmt == "f32":

@@ -128,3 +128,29 @@ def test_gguf_folder_holds_the_files_own_blocks(root):
         assert "model.layers.0.self_attn.q_proj.weight.mins" in names  # Q4_1 kept with its minimums
         assert f.get_tensor("lm_head.weight.codes").dtype == np.int8  # the Q8_0 embedding as the head
         assert not any(n.endswith(".tscale") for n in names)
+
+
+# ============================================================================
+# The 8-bit head of the 4-bit folders ([quant] head = "w8a8")
+# ============================================================================
+def test_w8a8_recipe_is_q8_0s():
+    """Our W8A8 quantiser against gguf-py's Q8_0: the same f16 scales; codes equal except where
+    gguf-py divides by the unrounded f32 scale (<1% of codes, never more than 1 apart)."""
+    from models.quant.w8a8 import dequantize_w8a8 as deq, quantize_w8a8
+
+    w = np.random.default_rng(7).standard_normal((64, 256)).astype(np.float32)
+    ours = quantize_w8a8(w)
+    ref = q8_0_to_w8a8(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), 64, 256)
+    np.testing.assert_array_equal(ours["scales"], ref["scales"])
+    diff = np.abs(ours["codes"].astype(int) - ref["codes"])
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.98
+    assert np.abs(deq(ours["codes"], ours["scales"]) - w).max() <= np.abs(w).max() / 127
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "w4a8"])
+def test_4bit_folders_carry_an_8bit_head(root, fmt):
+    from safetensors import safe_open
+
+    with safe_open(str(root / fmt / "model.safetensors"), framework="numpy") as f:
+        assert f.get_tensor("lm_head.weight.codes").dtype == np.int8
+        assert "model.layers.0.mlp.up_proj.weight.codes" in set(f.keys())
