@@ -144,3 +144,17 @@ def m002_indexes_and_search(db: Database) -> None:
     db["sessions"].create_index(["parent_id"], index_name="idx_sessions_parent_id", if_not_exists=True)
     db["messages"].enable_fts(["content"], fts_version="FTS5", create_triggers=True, tokenize="porter")
     db["tool_results"].enable_fts(["content"], fts_version="FTS5", create_triggers=True, tokenize="porter")
+
+
+# engine_calls columns added by m003: the context budget of a call and what a trim cost
+# (EngineCallFinished fields), and the cache events the native ring lost (CallStats).
+CALL_CONTEXT = [
+    ("context_budget", "INTEGER"), ("context_used", "INTEGER"), ("trimmed_tokens", "INTEGER"),
+    ("trim_recomputed_tokens", "INTEGER"), ("events_dropped", "INTEGER"),
+]
+
+
+@migrations()
+def m003_context_budget(db: Database) -> None:
+    for name, kind in CALL_CONTEXT:
+        db["engine_calls"].add_column(name, {"INTEGER": int, "REAL": float, "TEXT": str}[kind])

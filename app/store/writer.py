@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from app.events import (CacheEvent, EngineCallFinished, KVSnapshot, MessageAdded, SessionStarted, ToolCalled,
                         ToolReturned, TurnFailed, TurnFinished, TurnStarted)
 from app.store.db import _immediate, connect, pack_ids
-from app.store.schema import CALL_STATS
+from app.store.schema import CALL_CONTEXT, CALL_STATS
 
 
 @dataclass
@@ -62,6 +62,8 @@ def call_row(sid: str, ev: EngineCallFinished) -> dict:
            "t_wall": ev.t_wall}
     for name, _ in CALL_STATS:
         row[name] = getattr(ev.stats, name, None)
+    for name, _ in CALL_CONTEXT:  # on the event (budget, trims) or the stats (events_dropped)
+        row[name] = getattr(ev, name, getattr(ev.stats, name, None))
     return row
 
 
