@@ -66,9 +66,10 @@ def kvdeck_weight_bytes(folder: Path) -> WeightBytes:
     rows = hdr[KV_EMBED]["shape"][0]
     embed = size[KV_EMBED]
     head_keys = [k for k in size if k.startswith(KV_HEAD_PREFIX)]
-    fmt = json.loads((Path(folder) / "config.json").read_text()).get("weights", {}).get("format", "?")
-    if head_keys:
-        head, kind = sum(size[k] for k in head_keys), fmt
+    weights = json.loads((Path(folder) / "config.json").read_text()).get("weights", {})
+    fmt = weights.get("format", "?")
+    if head_keys:   # the head's own format when the recipe names one (e.g. an 8-bit head)
+        head, kind = sum(size[k] for k in head_keys), weights.get("recipe", {}).get("head", fmt)
     else:
         head, kind = embed, f"{hdr[KV_EMBED]['dtype']}, tied embedding"
     layers = sum(v for k, v in size.items() if k != KV_EMBED and k not in head_keys)
