@@ -238,12 +238,16 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Rows of W per task: a multiple of 16 (the kernels' unrolled path), about 8 tasks per
-  // thread so a descheduled thread leaves little behind, and at least ~32 KB of weights per
-  // task for decode so claiming a task stays cheap against running it.
+  // Rows of W per task: a multiple of 16 (the kernels' unrolled path), tasks_per_thread_
+  // tasks per thread (KVDECK_TASKS_PER_THREAD, default 1), and at least ~32 KB of weights per
+  // task. Measured 2026-12-01 (decode tok/s, nvfp4, 2 threads on 2 cores): idle 259 / 238 /
+  // 231 / 195 for 1 / 2 / 4 / 8 tasks per thread (OpenMP before: 232-247), with 2 busy
+  // processes 96 / 97 / 92 (OpenMP 54). One task per thread still degrades gracefully: a task
+  // a descheduled worker has not claimed is run by the caller.
   int task_rows(const WeightView& w, int M) const {
     const size_t row_bytes = w.dtype == DType::F32 ? 4 * size_t(w.K) : w.dtype == DType::F16 ? 2 * size_t(w.K) : size_t(w.Kp) * 9 / 16;
-    const int by_threads = round_up((w.N + 8 * threads_ - 1) / (8 * threads_), 16);
+    const int per = tasks_per_thread_ * threads_;
+    const int by_threads = round_up((w.N + per - 1) / per, 16);
     const int by_bytes = round_up(int(32768 / std::max<size_t>(1, row_bytes * std::max(1, M))) + 1, 16);
     const int at_most = round_up((w.N + threads_ - 1) / threads_, 16);  // keep >= threads_ tasks
     return std::max(16, std::min(at_most, std::max(by_threads, by_bytes)));
@@ -262,6 +266,10 @@ class CpuBackend final : public Backend {
     const char* s = std::getenv("KVDECK_ATTN_TILE");
     const int v = s && *s ? std::atoi(s) : cpu::kAttnQueryTile;
     return std::clamp(v, 1, 64);
+  }();
+  int tasks_per_thread_ = [] {
+    const char* s = std::getenv("KVDECK_TASKS_PER_THREAD");
+    return std::clamp(s && *s ? std::atoi(s) : 1, 1, 64);
   }();
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // [threads] per-thread work buffers
