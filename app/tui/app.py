@@ -20,7 +20,8 @@ from textual.worker import get_current_worker
 
 from app.events import Event
 from app.tui.messages import (AgentEventReceived, CancelTurn, EngineLoaded, EngineLoadFailed, EngineLoadProgressed,
-                              PoolSampled, ReloadEngine, SubmitPrompt, TelemetrySampled, TokensStreamed, TurnEnded)
+                              PoolSampled, ReloadEngine, SubmitPrompt, TelemetrySampled, TokensStreamed,
+                              ToolConfirmationRequested, TurnEnded)
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.main import MainScreen
 from app.tui.services import Builder, ConsoleOptions, Loaded, SessionHooks, pump_events
@@ -172,8 +173,8 @@ class KvdeckApp(App):
 
     def ask_tool(self, name: str, arguments) -> bool:
         """On the turn worker: show the question and wait for the answer (False when cancelled)."""
-        from app.tui.confirm import ConfirmToolScreen
 
+        worker = get_current_worker()
         answered = threading.Event()
         answer = {"yes": False}
 
@@ -181,12 +182,20 @@ class KvdeckApp(App):
             answer["yes"] = bool(yes)
             answered.set()
 
-        self.call_from_thread(self.push_screen, ConfirmToolScreen(name, arguments), done)
+        self.post_message(ToolConfirmationRequested(name, arguments, done))  # thread-safe, never blocks
         while not answered.wait(0.1):
-            if self._cancel.is_set():
+            if self._cancel.is_set() or worker.is_cancelled:  # Esc, or the app is closing
                 self.call_from_thread(self._drop_confirm)
                 return False
         return answer["yes"]
+
+    def on_tool_confirmation_requested(self, msg: ToolConfirmationRequested) -> None:
+        from app.tui.confirm import ConfirmToolScreen
+
+        if self._cancel.is_set():
+            msg.done(False)
+            return
+        self.push_screen(ConfirmToolScreen(msg.name, msg.arguments), msg.done)
 
     def _drop_confirm(self) -> None:
         from app.tui.confirm import ConfirmToolScreen

@@ -78,6 +78,16 @@ class TelemetrySampled(Message):
         self.sample = sample
 
 
+class ToolConfirmationRequested(Message):
+    """The turn worker waits for the operator: `done(yes)` answers it (thread-safe)."""
+
+    def __init__(self, name: str, arguments, done) -> None:
+        super().__init__()
+        self.name = name
+        self.arguments = arguments
+        self.done = done
+
+
 # ---- commands -----------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime, timezone
 import os
 import time
 from pathlib import Path
@@ -50,7 +51,9 @@ def builder(shared_engine, tmp_path):
         progress("building the agent", 0.5)
         tools.configure(workspace=str(tmp_path), notes_dir=None)
         fns = tools.builtin_tools() if opts.tools else []
-        agent = Agent(shared_engine, Toolkit(fns), limits=AgentLimits(max_tokens=opts.max_tokens, follow_up="none"))
+        # A fixed clock: the user message carries the time, so the greedy replies repeat run to run.
+        agent = Agent(shared_engine, Toolkit(fns), limits=AgentLimits(max_tokens=opts.max_tokens, follow_up="none"),
+                      clock=lambda: datetime(2026, 5, 4, 9, 30, tzinfo=timezone.utc))
         agents.append(agent)
         return shared_engine, agent
 
