@@ -250,6 +250,14 @@ class ConsoleState:
                         e.done = True
                 if st.finish_reason in ("cancelled", "pool_full"):
                     self.note("error", f"call {turn}.{call} ended: {st.finish_reason}")
+                dropped = getattr(ev, "trimmed_tokens", 0)
+                if dropped:  # a context trim: expected work, not a cache killer (no banner)
+                    self.note("notice", f"context trimmed at call {turn}.{call}: {dropped} oldest history tokens "
+                              f"dropped, {getattr(ev, 'trim_recomputed_tokens', 0)} kept tokens recomputed; "
+                              f"{getattr(ev, 'context_used', 0)} of a {getattr(ev, 'context_budget', 0)}-token "
+                              "budget used", turn)
+            case E.PrefixBreak(cause="trimmed"):
+                pass  # reported by the EngineCallFinished note above
             case E.PrefixBreak():
                 self.banner = Banner(ev.turn, ev.call, ev.cause, ev.segment, ev.index, ev.promised_tokens,
                                      ev.cached_tokens, ev.before, ev.old, ev.new)

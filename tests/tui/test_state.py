@@ -121,3 +121,21 @@ def test_cancelled_call_is_reported():
     st.apply(E.EngineCallFinished(1, 1, stats, 0, 0, "none"))
     assert st.calls[-1].finish == "cancelled"
     assert any("cancelled" in e.text for e in st.entries if e.kind == "error")
+
+
+def test_a_trim_is_a_note_not_a_prefix_break_banner():
+    st = ConsoleState()
+    stats = CallStats(prompt_tokens=4899, cached_tokens=1008, computed_tokens=3891, new_tokens=68, waste_tokens=3823,
+                      reuse=1008 / 4899, ttft_s=19.7, prefill_s=19.6, decode_s=0.1, decode_tokens=2, decode_tok_s=20.0,
+                      finish_reason="stop", weight_format="nvfp4", kv_format="f32", backend="cpu",
+                      kv_used_pages=0, kv_pinned_pages=0, kv_free_pages=0, evicted_pages=0)
+    st.apply(E.TurnStarted(127, "next", "auto"))
+    st.apply(E.PrefixBreak(127, 1, "trimmed", 1008, "history", 4899, 1008, "", "old", "new"))
+    st.apply(E.EngineCallFinished(127, 1, stats, 1008, 2, "auto", context_budget=8192, context_used=4901,
+                                  trimmed_tokens=3297, trim_recomputed_tokens=3823))
+    assert st.banner is None, "a trim is not a cache killer"
+    note = [e.text for e in st.entries if e.kind == "notice"]
+    assert note and "3297" in note[0] and "3823" in note[0] and "8192" in note[0]
+    # A real break still raises the banner.
+    st.apply(E.PrefixBreak(128, 1, "prompt changed", 97, "system", 1312, 96, "", "a", "b"))
+    assert st.banner is not None and st.banner.segment == "system"
