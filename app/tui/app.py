@@ -8,6 +8,7 @@ A 50 ms timer measures the event loop's lateness (the longest UI stall) while a 
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -266,6 +267,10 @@ class KvdeckApp(App):
     def on_engine_loaded(self, msg: EngineLoaded) -> None:
         self.loaded = msg.loaded
         self.options = msg.loaded.options
+        # The engine, tokenizer and grammars live as long as the session: keep them out of the
+        # collector's full passes (a gen-2 pass over them is a UI stall).
+        gc.collect()
+        gc.freeze()
         self.load_stage = ""
         eng = msg.loaded.engine
         self.state.model = eng.config.model
