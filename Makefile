@@ -30,7 +30,7 @@ $(VENV)/.venv:
 $(VENV)/.deps: $(VENV)/.venv pyproject.toml
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.13" ninja cmake
 	$(PIP) install -q numpy safetensors tokenizers orjson "llguidance>=1.0" psutil "gguf>=0.10" "jinja2>=3" \
-	  "textual>=1.0" "textual-plotext>=1.0" "sqlite-utils>=4.0" "platformdirs>=4" 'tomli>=2; python_version < "3.11"'
+	  "textual>=1.0" "sqlite-utils>=4.0" "platformdirs>=4" 'tomli>=2; python_version < "3.11"'
 	touch $@
 
 # Tests and references: torch 2.13.0 (CPU build from local disk), transformers, hypothesis.
