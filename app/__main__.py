@@ -240,8 +240,7 @@ def _console_builder(args, writer=None):
     compose them; with a store `writer` every session is stored (SessionStarted … end_session)."""
 
     def build(opts, progress):
-        import tools
-        from app.agent import Agent, AgentLimits, Toolkit, load_tools_dir
+        from app.chat import make_agent
         from app.config import load_settings
         from app.engine import load_engine
 
@@ -250,19 +249,14 @@ def _console_builder(args, writer=None):
         eng = load_engine(s.engine.model, weights=s.engine.weights, kv=s.engine.kv, threads=s.engine.threads or None,
                           **_pool(s.engine, opts.kv_pages or None))
         progress("building the agent and its tools", 0.8)
-        a = s.agent
-        tools.configure(workspace=a.workspace, notes_dir=a.notes_dir or None)
-        fns = (tools.builtin_tools() + (load_tools_dir(a.tools_dir) if a.tools_dir else [])) if opts.tools else []
-        limits = AgentLimits(max_steps=a.max_steps, max_tokens=min(opts.max_tokens, a.max_tokens), follow_up=a.follow_up)
-        from app.agent.budget import BudgetPolicy
-
         sid = ""
         if writer is not None:
             from app.store import new_id
 
             sid = new_id()
-        agent = Agent(eng, Toolkit(fns, timeout_s=a.tool_timeout_s), limits=limits, sampling=_sampling(args),
-                      budget=BudgetPolicy(a.trim_low_water, a.context_tokens), session_id=sid)
+        # As kvdeck chat / run compose it: tools in a worker process (killed on a timeout).
+        agent = make_agent(eng, _toolbox, sampling=_sampling(args), max_tokens=opts.max_tokens, session_id=sid,
+                           tools=opts.tools)
         if writer is None:
             return eng, agent
         from app.chat import start
