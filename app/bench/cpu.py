@@ -308,7 +308,10 @@ def run(argv: list[str]) -> int:
     say(f"the run took {out['elapsed_s']:.0f} s")
     after = out["load_avg_1min_after"] = load_avg()
     if after is not None and la is not None:
-        busy = max(la, after) > 0.75 * facts["cores"]
+        others = [u["others_cores"] for u in [out.get("cpu_use")] + [r["cpu_use"] for r in
+                  out.get("load", {}).get("rows", [])] if u and u["others_cores"] is not None]
+        # the measured CPU use of other processes when known, else the load average
+        busy = max(others) > 0.25 if others else max(la, after) > 0.75 * facts["cores"]
         say(f"1-min load average {la:.2f} before, {after:.2f} after, on {facts['cores']} cores"
             + ("; the machine was busy with other work: these figures are its noise as much as the "
                "engines' speed" if busy else ""))
