@@ -151,6 +151,7 @@ class Engine {
   void forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits, bool all_logits,
                      const CancelFlag* cancel);
   void reserve_pages(Sequence& s, int n_tokens);
+  Sequence& seq_ref(int seq);       // std::invalid_argument for an unknown id; holds mu_
   void close_locked(int seq);
   void unpin_locked(int pin_id);
   void publish();                   // copy snapshot (and the tree if it changed) for readers; holds mu_
