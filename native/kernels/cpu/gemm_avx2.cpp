@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/vec_avx2.h"
 
 namespace kvdeck::cpu {
 namespace {
@@ -33,13 +34,6 @@ constexpr int kDenseGemvRows = 4;  // f32/f16 GEMV rows at once
 constexpr int kDenseRowsN = 3;     // f32/f16 GEMM tile: 3 weight rows x 4 x rows = 12 accs
 constexpr int kDenseRowsM = 4;
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline int32_t hsum_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

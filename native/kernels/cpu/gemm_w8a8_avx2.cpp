@@ -11,16 +11,10 @@
 #include <algorithm>
 
 #include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/vec_avx2.h"
 
 namespace kvdeck::cpu {
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // sum over the 32 bytes of w * a as 8 int32 lanes
 inline __m256i dot32(__m256i w, __m256i a) {

@@ -6,6 +6,15 @@
 
 namespace kvdeck::cpu {
 
+// Sum of the 8 lanes (a fixed order: the halves, then pairs; kernels rely on it being the same
+// everywhere for bit-identical decode and prefill).
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // e^x for 8 lanes: range reduction x = n ln2 + r, degree-6 polynomial (Cephes expf),
 // 2^n through the exponent bits. ~1 ulp on [-87, 88]; inputs below -87 give exactly 0 (no
 // denormal results: they make the FMAs that consume them many times slower).
