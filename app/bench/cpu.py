@@ -3,7 +3,8 @@
 Table mode (the default), for each kvdeck weight format (nvfp4, w4a8, f16) of SmolLM2-135M:
   * prefill tok/s of a 512- and a 2048-token prompt (cold sequence, last-token logits);
   * decode tok/s of 128 one-token calls after a 32- and after a 2048-token context (the timed
-    2048-token prefill is the context of the decode after it).
+    2048-token prefill is the context of the decode after it); `--decode-ctx 32,2048,8192` adds
+    longer contexts.
 The peer is llama.cpp (llama-cpp-python, app/bench/peer.py) on the same weights as Q4_0, in four
 settings: flash attention off/on x n_ubatch 512/2048. Its best setting per figure is the
 reference of every ratio, and the setting that won is printed beside it.
@@ -26,6 +27,7 @@ The runners and the interleaved schedule live in app/bench/schedule.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -256,6 +258,16 @@ def _levels(text: str) -> list[int]:
     return sorted(set([0] + got))
 
 
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        got = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SystemExit(f"--decode-ctx {text!r}: give token counts such as 32,2048,8192") from None
+    if not got or got[0] < 1:
+        raise SystemExit(f"--decode-ctx {text!r}: contexts must be >= 1 token")
+    return tuple(got)
+
+
 def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvdeck bench cpu", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -270,6 +282,9 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="start no repetition after the first once this many seconds are spent "
                          "(per --load level; default 300)")
+    ap.add_argument("--decode-ctx", metavar="N[,N...]",
+                    help="contexts of the decode figures (table mode; default 32,2048; e.g. 32,2048,8192: "
+                         "each context's prefill is timed too, minutes at 8192)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, nvfp4 only, 1 repetition")
     args = ap.parse_args(argv)
     args.formats = ["nvfp4"] if args.quick else args.formats.split(",")
@@ -281,6 +296,10 @@ def run(argv: list[str]) -> int:
         ap.error("--reps and --threads must be >= 1")
     levels = _levels(args.load) if args.load is not None else None
     plan = (LOAD_QUICK if args.quick else LOAD) if levels else (QUICK if args.quick else FULL)
+    if args.decode_ctx is not None:
+        if levels:
+            ap.error("--decode-ctx is for table mode (not with --load)")
+        plan = dataclasses.replace(plan, decode_ctx=_contexts(args.decode_ctx))
     say = (lambda *a: None) if args.json else print
 
     t_start = time.monotonic()

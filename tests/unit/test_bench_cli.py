@@ -106,3 +106,15 @@ def test_quick_load_mode_reports_idle_and_loaded_rows(root, no_peer, capsys):
 def test_cli_rejects_an_unknown_bench(capsys):
     assert cli.main(["nope"]) == 2
     assert "cpu" in capsys.readouterr().err
+
+
+def test_decode_ctx_option_adds_the_long_context_figure_and_rejects_bad_counts(root, no_peer, capsys):
+    out = _json_run(capsys, ["--quick", "--decode-ctx", "40,8"])
+    # the prefill figures stay; the decode figures follow the option, sorted
+    assert out["plan"]["decode_ctx"] == [8, 40]
+    assert [f for f in out["plan"]["figures"] if f.startswith("decode")] == ["decode_8", "decode_40"]
+    assert out["kvdeck"]["nvfp4"]["decode_40"] > 1.0
+    for bad in ("0", "x,32", ""):
+        with pytest.raises(SystemExit) as e:
+            cpu.run(["--decode-ctx", bad, "--no-peer"])
+        assert "--decode-ctx" in str(e.value) or e.value.code == 2
