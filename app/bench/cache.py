@@ -12,6 +12,9 @@ time and the speed-up. Three checks from the issue are printed with their figure
   cache's match / lock / insert and without Python's generation loop);
 - the cache costs <= 1% when nothing hits (distinct prompts, cache on vs off).
 
+`--ab` runs only the seed-000 A/B instead (app/bench/seed_ab.py): f16 weights without cache and
+pre-warm against the chosen weights with cache and the static prefix pre-warmed at start.
+
 And capacity: how many concurrent sessions of the 4-call task fit in 1 GiB of KV (f16 vs
 nvfp4), and a pressure run showing the LRU keeps the active session's pinned prefix.
 """
@@ -161,7 +164,23 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--calls", default="4,10", help="task lengths to run (comma list)")
     ap.add_argument("--gen", type=int, default=16, help="tokens generated per call")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ab", action="store_true",
+                    help="only the seed-000 A/B (f16 without cache and pre-warm vs --weights with cache and "
+                         "pre-warm; first --calls and --kv entries; --gen defaults to 64 here)")
+    ap.add_argument("--reps", type=int, default=2, help="A/B repetitions (alternating; fastest reported)")
     args = ap.parse_args(argv)
+    if args.reps < 1 or args.gen < 1:
+        ap.error("--reps and --gen must be >= 1")
+    if args.ab:
+        from app.bench.seed_ab import print_ab, seed_ab
+
+        gen = args.gen if "--gen" in argv else 64
+        r = seed_ab(args.weights, args.kv.split(",")[0], int(args.calls.split(",")[0]), gen, args.threads, args.reps)
+        if args.json:
+            sys.stdout.write(orjson.dumps(r).decode() + "\n")
+        else:
+            print_ab(sys.stdout, r)
+        return 0
 
     from app.engine import load_engine
 
