@@ -1,0 +1,60 @@
+// vec_neon.h — small AArch64 NEON helpers shared by the *_neon.cpp kernels (include only from
+// files compiled with -march=armv8.2-a+dotprod; CMakeLists.txt). Those files are built with
+// -ffp-contract=off: every FMA below is an explicit vfmaq_f32, every other product and sum is
+// rounded on its own, as in the scalar reference (also built without contraction on aarch64).
+#pragma once
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace kvdeck::cpu::neon {
+
+// [sum a0, sum a1, sum a2, sum a3]: one int32 total per input vector (exact).
+inline int32x4_t hsum4(int32x4_t a0, int32x4_t a1, int32x4_t a2, int32x4_t a3) {
+  return vpaddq_s32(vpaddq_s32(a0, a1), vpaddq_s32(a2, a3));
+}
+
+// Four f16 values (one per row pointer, at element i) widened to f32 lanes (exact).
+inline float32x4_t gather_f16(const uint16_t* const (&r)[4], size_t i) {
+  uint16x4_t h = vdup_n_u16(0);
+  h = vld1_lane_u16(r[0] + i, h, 0);
+  h = vld1_lane_u16(r[1] + i, h, 1);
+  h = vld1_lane_u16(r[2] + i, h, 2);
+  h = vld1_lane_u16(r[3] + i, h, 3);
+  return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+// E4M3 bytes (low 8 bits of each u32 lane) times 0.5, exactly: (e, m) moved to bit 20 reads
+// as value * 2^-120 for normals and subnormals alike; * 2^119 restores value / 2 (no rounding:
+// a power of two, results normal). Contract: NaN bytes (0x7F / 0xFF) are not produced by the
+// quantiser and decode to 480 / 2 (the same convention as gemm_avx2.cpp's pair_scale).
+inline float32x4_t e4m3_half(uint32x4_t b) {
+  const uint32x4_t f = vorrq_u32(vshlq_n_u32(vandq_u32(b, vdupq_n_u32(0x7F)), 20),
+                                 vshlq_n_u32(vandq_u32(b, vdupq_n_u32(0x80)), 24));
+  return vmulq_f32(vreinterpretq_f32_u32(f), vdupq_n_f32(0x1p119f));
+}
+
+// e^x for 4 lanes: the Cephes expf of vec_avx2.h's exp256 (same constants and steps), ~1 ulp
+// on [-87, 88]; inputs below -87 (and -inf) give exactly 0, as flush_exp does.
+inline float32x4_t exp4(float32x4_t x) {
+  const uint32x4_t live = vcgeq_f32(x, vdupq_n_f32(-87.0f));
+  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500E-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507E-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073E-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894E-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459E-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201E-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  const float32x4_t v = vmulq_f32(p, vreinterpretq_f32_s32(e));
+  return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), live));
+}
+
+}  // namespace kvdeck::cpu::neon
+#endif  // __aarch64__
