@@ -9,7 +9,8 @@
 // Each ISA the CPU supports runs the GEMM checks; on aarch64 with dotprod that includes "neon",
 // which kernel_check_neon.cpp also compares with the scalar set on random inputs (bit for bit
 // where the math is integer). `kernel_check --expect NAME` also fails unless NAME is the set
-// the dispatcher chose (make cross-check: neon on a dotprod CPU, scalar without, KVDECK_ISA).
+// the dispatcher chose (make cross-check: neon on a dotprod CPU, scalar without, KVDECK_ISA);
+// with KVDECK_ISA set, only that set is checked.
 // Exit status: 0 when every check passed, 1 otherwise (each failure is printed).
 #include <algorithm>
 #include <cmath>
@@ -337,8 +338,11 @@ int main(int argc, char** argv) {
   check_codecs();
   check_rows();
   check_attention();
+  // KVDECK_ISA=NAME (a forced set): only that set's checks run.
+  const char* forced = std::getenv("KVDECK_ISA");
+  if (forced && std::strcmp(forced, kernel_isa()) != 0) forced = nullptr;  // refused: all sets run
   for (const char* isa : {"scalar", "avx2", "avx512vnni", "neon"}) {
-    if (!set_kernel_isa(isa)) continue;
+    if ((forced && std::strcmp(forced, isa) != 0) || !set_kernel_isa(isa)) continue;
     check_quantize(isa);
     for (bool exact : {true, false}) {
       check_gemm(isa, DType::F32, 0, exact);
@@ -349,7 +353,7 @@ int main(int argc, char** argv) {
     std::printf("kernel_check: %s kernels checked\n", isa);
   }
   const int before = g_checks;
-  if (check_neon_vs_scalar(check))
+  if (!forced && check_neon_vs_scalar(check))
     std::printf("kernel_check: neon kernels against scalar: %d checks\n", g_checks - before);
   std::printf("kernel_check: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
