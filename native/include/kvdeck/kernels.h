@@ -5,7 +5,9 @@
 // never start threads themselves.
 //
 // Dispatch: the best ISA the CPU reports (cpuid) among avx512vnni > avx2 > scalar is chosen
-// once; set_kernel_isa() forces one (tests run every path the machine supports).
+// once (aarch64: neon with the dot product > scalar, from getauxval; KVDECK_ISA=NAME in the
+// environment picks the first one instead); set_kernel_isa() forces one (tests run every
+// path the machine supports).
 #pragma once
 #include <cstdint>
 
@@ -46,7 +48,7 @@ void quantize_act_q8(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
           int n0, int n1);
 
-const char* kernel_isa();                 // "avx512vnni" | "avx2" | "scalar"
+const char* kernel_isa();                 // "avx512vnni" | "avx2" | "neon" | "scalar"
 bool set_kernel_isa(const char* name);    // false if the CPU cannot run it
 bool cpu_supports(const char* name);
 
