@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#if defined(__aarch64__)
+#if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMD
 #define HWCAP_ASIMD (1 << 1)
@@ -77,8 +77,12 @@ bool cpu_supports(const char* name) {
 #endif
 #if defined(__aarch64__)
   if (std::strcmp(name, "neon") == 0) {
+#if defined(__linux__)
     const unsigned long hw = getauxval(AT_HWCAP);
     return (hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP);
+#else
+    return false;  // no getauxval: the portable kernels
+#endif
   }
 #endif
   return false;
