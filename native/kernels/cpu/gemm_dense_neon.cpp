@@ -50,21 +50,29 @@ void dense_tile(const void* W, int K, const size_t (&rows)[kRowsN], int nvalid, 
   for (int k = 0; k < K8; k += 8) {
     float32x4_t wl[kRowsN], wh[kRowsN];
     for (int r = 0; r < kRowsN; ++r) load_w8<kF16>(W, rows[r] * K + k, wl[r], wh[r]);
-    for (int m = 0; m < RM; ++m) {
-      const float32x4_t xl = vld1q_f32(x[m] + k), xh = vld1q_f32(x[m] + k + 4);
+    if constexpr (kTwo) {
+      const float32x4_t xl = vld1q_f32(x[0] + k), xh = vld1q_f32(x[0] + k + 4);
       for (int r = 0; r < kRowsN; ++r) {
-        if constexpr (kTwo) {
-          a0[r][m] = vfmaq_f32(a0[r][m], wl[r], xl);
-          a1[r][m] = vfmaq_f32(a1[r][m], wh[r], xh);
-        } else {
-          a0[r][m] = vfmaq_f32(vfmaq_f32(a0[r][m], wl[r], xl), wh[r], xh);
-        }
+        a0[r][0] = vfmaq_f32(a0[r][0], wl[r], xl);
+        a1[r][0] = vfmaq_f32(a1[r][0], wh[r], xh);
+      }
+    } else {  // low 4 of the 8 for every activation row, then the high 4 (16 accs + 4 weights live)
+      for (int m = 0; m < RM; ++m) {
+        const float32x4_t xl = vld1q_f32(x[m] + k);
+        for (int r = 0; r < kRowsN; ++r) a0[r][m] = vfmaq_f32(a0[r][m], wl[r], xl);
+      }
+      for (int m = 0; m < RM; ++m) {
+        const float32x4_t xh = vld1q_f32(x[m] + k + 4);
+        for (int r = 0; r < kRowsN; ++r) a0[r][m] = vfmaq_f32(a0[r][m], wh[r], xh);
       }
     }
   }
+  float sum[kRowsN][RM];  // every row (constant indices keep the accumulators in registers)
+  for (int r = 0; r < kRowsN; ++r)
+    for (int m = 0; m < RM; ++m) sum[r][m] = vaddvq_f32(kTwo ? vaddq_f32(a0[r][m], a1[r][m]) : a0[r][m]);
   for (int r = 0; r < nvalid; ++r)
     for (int m = 0; m < RM; ++m) {
-      float s = vaddvq_f32(kTwo ? vaddq_f32(a0[r][m], a1[r][m]) : a0[r][m]);
+      float s = sum[r][m];
       for (int k = K8; k < K; ++k) s += x[m][k] * load_w1<kF16>(W, rows[r] * K + k);
       y[m][r] = s;
     }

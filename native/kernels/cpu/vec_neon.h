@@ -36,6 +36,23 @@ inline float32x4_t e4m3_half(uint32x4_t b) {
   return vmulq_f32(vreinterpretq_f32_u32(f), vdupq_n_f32(0x1p119f));
 }
 
+// 16 E4M3 bytes times 0.5, exactly, lanes = rows: lane r of u holds row r's 4 bytes (k = 0..3,
+// byte k of the u32). out[k] = row r's byte k in lane r. Via f16: (e, m) at bit 7 reads as
+// value * 2^-8 (normals and subnormals: E4M3 fits in binary16), * 2^7 = value / 2, no rounding.
+// NaN bytes decode to 480 / 2 as in e4m3_half.
+inline void e4m3x16_half(uint32x4_t u, float32x4_t (&out)[4]) {
+  const uint8x16_t tr = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  const uint8x16_t t = vqtbl1q_u8(vreinterpretq_u8_u32(u), tr);  // byte 4k + r
+  const uint8x16_t mag = vandq_u8(t, vdupq_n_u8(0x7F)), sgn = vandq_u8(t, vdupq_n_u8(0x80));
+  const uint16x8_t h0 = vorrq_u16(vshll_n_u8(vget_low_u8(mag), 7), vshll_n_u8(vget_low_u8(sgn), 8));
+  const uint16x8_t h1 = vorrq_u16(vshll_high_n_u8(mag, 7), vshll_high_n_u8(sgn, 8));
+  const float32x4_t k = vdupq_n_f32(0x1p7f);
+  out[0] = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h0))), k);
+  out[1] = vmulq_f32(vcvt_high_f32_f16(vreinterpretq_f16_u16(h0)), k);
+  out[2] = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h1))), k);
+  out[3] = vmulq_f32(vcvt_high_f32_f16(vreinterpretq_f16_u16(h1)), k);
+}
+
 // e^x for 4 lanes: the Cephes expf of vec_avx2.h's exp256 (same constants and steps), ~1 ulp
 // on [-87, 88]; inputs below -87 (and -inf) give exactly 0, as flush_exp does.
 inline float32x4_t exp4(float32x4_t x) {
