@@ -2,8 +2,8 @@
 // -march=armv8.2-a+dotprod -ffp-contract=off on aarch64 only; reached through neon_kernels()).
 //
 // F16 weights are widened to f32 with fcvtl (vcvt_f32_f16, exact) and accumulated in f32 FMA:
-// FP16 arithmetic (FMLA .8h) would keep a 11-bit significand in the accumulators, an error of
-// ~1e-3 relative over K = 576, far outside the 1e-5 the kernel tests hold every set to.
+// FP16 arithmetic (FMLA .8h, 8 fp16 accumulators) misses the 1e-5 * sum|x*w| bound every set
+// is held to: a numpy simulation at K = 576 gave a median 6e-5 and a worst 2.3e-4 of sum|x*w|.
 // Float kernel: the sums run in 4-lane vector order, not the scalar reference's sequential
 // order; each is within gamma_K * sum|x*w| of the exact dot product (kernel_check states and
 // tests that bound against float64 and against the scalar kernel).
