@@ -85,6 +85,9 @@ cross-check: $(VENV)/.deps
 	KVDECK_ISA=scalar $(CROSS_QEMU) -cpu cortex-a76 $(CROSS_BUILD)/kernel_check --expect scalar
 	$(CROSS_QEMU) -cpu cortex-a72 $(CROSS_BUILD)/kernel_check --expect scalar
 	$(CROSS_QEMU) -cpu cortex-a72 $(CROSS_BUILD)/thread_stress 100
+	@w=$$(aarch64-linux-gnu-nm -C $(CROSS_BUILD)/CMakeFiles/kvdeck_core.dir/native/kernels/cpu/*_neon.cpp.o | grep -E ' [WVu] ' | grep -v ' DW.ref.' || true); \
+	  if [ -n "$$w" ]; then echo "cross-check: weak (shared inline) symbols in the ARMv8.2 *_neon.cpp objects:"; echo "$$w"; exit 1; fi; \
+	  echo "cross-check: no weak symbols in the *_neon.cpp objects (no v8.2 code the linker could share)"
 
 # The engine's thread contract under ThreadSanitizer: the core built with -fsanitize=thread
 # and native/tests/thread_stress.cpp (generation with evictions and cancels on one thread,
