@@ -2,6 +2,9 @@
 // files compiled with -march=armv8.2-a+dotprod; CMakeLists.txt). Those files are built with
 // -ffp-contract=off: every FMA below is an explicit vfmaq_f32, every other product and sum is
 // rounded on its own, as in the scalar reference (also built without contraction on aarch64).
+// Rule for *_neon.cpp: no out-of-line inline or template code (std containers, ...): such code
+// is emitted as weak symbols built for ARMv8.2 that the linker may pick for portable callers on
+// a CPU without it. `make cross-check` fails on weak symbols in these objects.
 #pragma once
 #if defined(__aarch64__)
 #include <arm_neon.h>
