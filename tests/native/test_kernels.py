@@ -194,6 +194,24 @@ def test_default_isa_is_the_best_the_cpu_has():
     assert K_.cpu_supports(want) and want in ISAS
 
 
+def test_kvdeck_isa_env_picks_the_first_set():
+    """KVDECK_ISA names the set a fresh process starts with; a set the CPU lacks is reported."""
+    import os
+
+    code = "from app.engine import _native; print(_native.kernels.kernel_isa())"
+    root = Path(__file__).resolve().parents[2]
+
+    def start(value):
+        env = dict(os.environ, KVDECK_ISA=value)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=root, env=env)
+
+    assert start("scalar").stdout.strip() == "scalar"
+    bad = start("nonsense")
+    assert bad.stdout.strip() == _best_isa_from_cpuinfo()
+    assert "KVDECK_ISA=nonsense" in bad.stderr
+
+
 def test_isa_selection():
     assert K_.cpu_supports("scalar")
     assert not K_.cpu_supports("nonsense")
