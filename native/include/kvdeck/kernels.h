@@ -48,7 +48,7 @@ void quantize_act_q8(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
           int n0, int n1);
 
-const char* kernel_isa();                 // "avx512vnni" | "avx2" | "neon" | "scalar"
+const char* kernel_isa();                 // "avx512vnni" | "avx2" | "scalar"
 bool set_kernel_isa(const char* name);    // false if the CPU cannot run it
 bool cpu_supports(const char* name);
 

@@ -62,6 +62,10 @@ std::atomic<const cpu::KernelSet*>& active() {
 
 }  // namespace
 
+#if defined(__aarch64__)
+bool cpu::neon_active() { return active().load(std::memory_order_relaxed) == &cpu::neon_kernels(); }
+#endif
+
 bool cpu_supports(const char* name) {
   if (name == nullptr) return false;
   if (std::strcmp(name, "scalar") == 0) return true;
@@ -89,10 +93,6 @@ bool cpu_supports(const char* name) {
 }
 
 const char* kernel_isa() { return active().load(std::memory_order_relaxed)->name; }
-
-#if defined(__aarch64__)
-bool cpu::neon_active() { return active().load(std::memory_order_relaxed) == &cpu::neon_kernels(); }
-#endif
 
 bool set_kernel_isa(const char* name) {
   const cpu::KernelSet* k = kernels_for(name);
