@@ -29,7 +29,7 @@ SHAPES = {  # name: (N, K)
 }
 GEMM_M = (64, 512)
 FORMATS = ("f32", "f16", "nvfp4", "w4a8")
-ISAS = ("scalar", "avx2", "avx512vnni", "neon")
+ISAS = ("scalar", "avx2", "avx512vnni")
 COPY_BYTES = 256 << 20      # memcpy reference buffer
 STREAM_BYTES = 128 << 20    # weight stack for the streaming GEMV (4x a 32 MiB L3)
 MIN_TIME_S = 0.15           # time each measurement for at least this long
