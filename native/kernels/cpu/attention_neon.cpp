@@ -7,13 +7,16 @@
 // f16 pages are widened with fcvtl, nvfp4 pages through a 16-entry table of 2*e2m1 times
 // e4m3 / 2 (products of two 4-bit significands: exact, the values kv_nvfp4_decode_row gives;
 // code 8, -0, widens to +0, which no sum here can tell apart: every accumulator starts at +0).
-// Float kernel: scores sum 4 lanes in a different order than the reference and e^x is the
+// Views with fresh f32 rows (a chunk attending to its own unrounded K/V) read those for the
+// positions they cover, as the reference does. Float kernel: scores sum 4 lanes in a
+// different order than the reference and e^x is the
 // Cephes polynomial (vec_neon.h, ~1 ulp) instead of libm; kernel_check states the bound.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/kernels_impl.h"
 #include "kernels/cpu/vec_neon.h"
@@ -51,11 +54,29 @@ void decode_nvfp4_row(const uint8_t* row, int D, float* x) {
   }
 }
 
-// Rows [0, n) of KV head g of a page as f32 rows: into the page (f32) or the widened tile.
-// Returns the row stride in floats.
-size_t page_rows(const KvView& kv, const void* base, int page, int g, int n, float* tile, const float** rows) {
+// A view's fresh f32 rows (KvView::fresh_k / fresh_v / fresh0 / fresh_ld: tokens at positions
+// >= fresh0 read from them instead of the pages, as attention_segment_ref does), where KvView
+// has those fields; a view without them has no fresh rows.
+template <typename KV, typename = void>
+struct Fresh {
+  static const float* rows(const KV&, bool) { return nullptr; }
+  static int first(const KV&) { return 0; }
+  static size_t ld(const KV&) { return 0; }
+};
+template <typename KV>
+struct Fresh<KV, std::void_t<decltype(KV::fresh_k), decltype(KV::fresh0), decltype(KV::fresh_ld)>> {
+  static const float* rows(const KV& kv, bool v) { return v ? kv.fresh_v : kv.fresh_k; }
+  static int first(const KV& kv) { return kv.fresh0; }
+  static size_t ld(const KV& kv) { return kv.fresh_ld; }
+};
+
+// Rows [0, n) of KV head g of the page holding positions tp.. as f32 rows: into the page (f32
+// without fresh rows) or the widened tile. Returns the row stride in floats.
+size_t page_rows(const KvView& kv, bool v, int page, int tp, int g, int n, float* tile, const float** rows) {
   const int D = kv.D;
-  if (kv.dtype == KvDType::F32) {
+  const void* base = v ? kv.v : kv.k;
+  const float* fresh = Fresh<KvView>::rows(kv, v);
+  if (kv.dtype == KvDType::F32 && fresh == nullptr) {
     *rows = static_cast<const float*>(base) + (size_t(page) * kv.block * kv.nkv + g) * D;
     return size_t(kv.nkv) * D;
   }
@@ -63,7 +84,12 @@ size_t page_rows(const KvView& kv, const void* base, int page, int g, int n, flo
   const uint8_t* p = static_cast<const uint8_t*>(base) + (size_t(page) * kv.block * kv.nkv + g) * rb;
   for (int t = 0; t < n; ++t, p += rb * kv.nkv) {
     float* dst = tile + size_t(t) * D;
-    if (kv.dtype == KvDType::F16) {
+    if (fresh && tp + t >= Fresh<KvView>::first(kv)) {
+      std::memcpy(dst, fresh + size_t(tp + t - Fresh<KvView>::first(kv)) * Fresh<KvView>::ld(kv) + size_t(g) * D,
+                  sizeof(float) * D);
+    } else if (kv.dtype == KvDType::F32) {
+      std::memcpy(dst, p, sizeof(float) * D);
+    } else if (kv.dtype == KvDType::F16) {
       const auto* h = reinterpret_cast<const uint16_t*>(p);
       for (int c = 0; c < D; c += 8) {
         const float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(h + c));
@@ -147,8 +173,8 @@ void segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, flo
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
     const float *K, *V;
-    const size_t ks = page_rows(kv, kv.k, page, g, n, ktile, &K);
-    const size_t vs = page_rows(kv, kv.v, page, g, n, vtile, &V);
+    const size_t ks = page_rows(kv, false, page, ps, g, n, ktile, &K);
+    const size_t vs = page_rows(kv, true, page, ps, g, n, vtile, &V);
     for (int h = 0; h < G; ++h)  // the G heads of the group share the widened page (GQA)
       page_step<D>(q + size_t(h) * D, K, ks, V, vs, n, scale, o + size_t(h) * D, m + h, l + h, p);
   }
