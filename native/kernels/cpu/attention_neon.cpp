@@ -9,8 +9,8 @@
 // code 8, -0, widens to +0, which no sum here can tell apart: every accumulator starts at +0).
 // Views with fresh f32 rows (a chunk attending to its own unrounded K/V) read those for the
 // positions they cover, as the reference does. Float kernel: scores sum 4 lanes in a
-// different order than the reference and e^x is the
-// Cephes polynomial (vec_neon.h, ~1 ulp) instead of libm; kernel_check states the bound.
+// different order than the reference and e^x is the Cephes polynomial (vec_neon.h, ~1 ulp)
+// instead of libm; kernel_check states the bound.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
