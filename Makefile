@@ -67,7 +67,12 @@ cuda-check:
 # Cross-compile the core library and the native tests for aarch64 (the Jetson's ISA) and run
 # the tests under qemu: an x86-only intrinsic outside its guard fails here. Needs
 # g++-aarch64-linux-gnu and qemu-user (.ci/run installs them). No Python module is built.
+# ctest runs on an emulated Cortex-A76 (ARMv8.2-A + dotprod, the A78AE's ISA; the toolchain
+# file's emulator), so the neon kernel set is selected and checked against scalar; then
+# kernel_check runs with the scalar set forced (KVDECK_ISA) and on a Cortex-A72 (ARMv8.0, no
+# dotprod: the dispatcher must fall back, and no v8.2 instruction may leak into common code).
 CROSS_BUILD := build/aarch64-linux-gnu
+CROSS_QEMU := qemu-aarch64 -L /usr/aarch64-linux-gnu
 cross-check: $(VENV)/.deps
 	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
 	  { echo "cross-check: needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt-get install g++-aarch64-linux-gnu qemu-user)"; exit 1; }
@@ -76,6 +81,13 @@ cross-check: $(VENV)/.deps
 	  -DCMAKE_BUILD_TYPE=Release >/dev/null
 	$(VENV)/bin/cmake --build $(CROSS_BUILD) -j2
 	$(VENV)/bin/ctest --test-dir $(CROSS_BUILD) --output-on-failure -V
+	$(CROSS_QEMU) -cpu cortex-a76 $(CROSS_BUILD)/kernel_check --expect neon
+	KVDECK_ISA=scalar $(CROSS_QEMU) -cpu cortex-a76 $(CROSS_BUILD)/kernel_check --expect scalar
+	$(CROSS_QEMU) -cpu cortex-a72 $(CROSS_BUILD)/kernel_check --expect scalar
+	$(CROSS_QEMU) -cpu cortex-a72 $(CROSS_BUILD)/thread_stress 100
+	@w=$$(aarch64-linux-gnu-nm -C $(CROSS_BUILD)/CMakeFiles/kvdeck_core.dir/native/kernels/cpu/*_neon.cpp.o | grep -E ' [WVu] ' | grep -v ' DW.ref.' || true); \
+	  if [ -n "$$w" ]; then echo "cross-check: weak (shared inline) symbols in the ARMv8.2 *_neon.cpp objects:"; echo "$$w"; exit 1; fi; \
+	  echo "cross-check: no weak symbols in the *_neon.cpp objects (no v8.2 code the linker could share)"
 
 # The engine's thread contract under ThreadSanitizer: the core built with -fsanitize=thread
 # and native/tests/thread_stress.cpp (generation with evictions and cancels on one thread,

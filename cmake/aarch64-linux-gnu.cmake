@@ -17,8 +17,10 @@ set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
-# Run target executables (ctest) under user-mode qemu with the target's sysroot.
+# Run target executables (ctest) under user-mode qemu with the target's sysroot, on an emulated
+# Cortex-A76: ARMv8.2-A with the dot product, the feature set of the Orin's Cortex-A78AE that
+# the neon kernels use (qemu 7.2 has no A78 model; `-cpu max` would also expose SVE and later).
 find_program(KVDECK_QEMU_AARCH64 qemu-aarch64)
 if(KVDECK_QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${KVDECK_QEMU_AARCH64} -L /usr/${KVDECK_CROSS_TRIPLE})
+  set(CMAKE_CROSSCOMPILING_EMULATOR ${KVDECK_QEMU_AARCH64} -L /usr/${KVDECK_CROSS_TRIPLE} -cpu cortex-a76)
 endif()

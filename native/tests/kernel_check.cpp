@@ -6,12 +6,17 @@
 // quantisation, and every GEMM format on inputs whose float scales are powers of two (so
 // every product and partial sum is exact in any order). Float results (random GEMM inputs,
 // row ops, attention) are compared with a float64 reference within a stated bound.
-// Each ISA the CPU supports runs the GEMM checks; on aarch64 that is scalar alone.
+// Each ISA the CPU supports runs the GEMM checks; on aarch64 with dotprod that includes "neon",
+// which kernel_check_neon.cpp also compares with the scalar set on random inputs (bit for bit
+// where the math is integer). `kernel_check --expect NAME` also fails unless NAME is the set
+// the dispatcher chose (make cross-check: neon on a dotprod CPU, scalar without, KVDECK_ISA);
+// with KVDECK_ISA set, only that set is checked.
 // Exit status: 0 when every check passed, 1 otherwise (each failure is printed).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -22,6 +27,8 @@
 #include "kvdeck/ops_cpu.h"
 
 using namespace kvdeck;
+
+bool check_neon_vs_scalar(void (*check)(bool, const std::string&));  // kernel_check_neon.cpp
 
 namespace {
 
@@ -317,18 +324,25 @@ void check_attention() {
 // ============================================================================
 // main
 // ============================================================================
-int main() {
+int main(int argc, char** argv) {
   std::printf("kernel_check: default ISA %s\n", kernel_isa());
+  if (argc == 3 && std::strcmp(argv[1], "--expect") == 0)
+    check(std::strcmp(kernel_isa(), argv[2]) == 0, std::string("default ISA is ") + kernel_isa() + ", expected " + argv[2]);
 #if defined(__aarch64__)
-  // No NEON kernels yet: the dispatcher must fall back to the portable ones.
-  check(std::strcmp(kernel_isa(), "scalar") == 0, std::string("aarch64 default ISA is ") + kernel_isa());
+  // neon where the CPU has the dot product (and KVDECK_ISA does not name another set).
+  if (std::getenv("KVDECK_ISA") == nullptr)
+    check(std::strcmp(kernel_isa(), cpu_supports("neon") ? "neon" : "scalar") == 0,
+          std::string("aarch64 default ISA is ") + kernel_isa());
   check(!cpu_supports("avx2") && !set_kernel_isa("avx2"), "aarch64 claims avx2");
 #endif
   check_codecs();
   check_rows();
   check_attention();
-  for (const char* isa : {"scalar", "avx2", "avx512vnni"}) {
-    if (!set_kernel_isa(isa)) continue;
+  // KVDECK_ISA=NAME (a forced set): only that set's checks run.
+  const char* forced = std::getenv("KVDECK_ISA");
+  if (forced && std::strcmp(forced, kernel_isa()) != 0) forced = nullptr;  // refused: all sets run
+  for (const char* isa : {"scalar", "avx2", "avx512vnni", "neon"}) {
+    if ((forced && std::strcmp(forced, isa) != 0) || !set_kernel_isa(isa)) continue;
     check_quantize(isa);
     for (bool exact : {true, false}) {
       check_gemm(isa, DType::F32, 0, exact);
@@ -338,6 +352,9 @@ int main() {
     }
     std::printf("kernel_check: %s kernels checked\n", isa);
   }
+  const int before = g_checks;
+  if (!forced && check_neon_vs_scalar(check))
+    std::printf("kernel_check: neon kernels against scalar: %d checks\n", g_checks - before);
   std::printf("kernel_check: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures ? 1 : 0;
 }

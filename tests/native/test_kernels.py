@@ -25,7 +25,7 @@ from models.quant.q8 import quantize_act_q8 as q8_ref
 from models.quant.w4a8 import quantize_w4a8
 
 K_ = _native.kernels
-ISAS = [isa for isa in ("scalar", "avx2", "avx512vnni") if K_.cpu_supports(isa)]
+ISAS = [isa for isa in ("scalar", "avx2", "avx512vnni", "neon") if K_.cpu_supports(isa)]
 REL_TOL = 1e-5
 # Fixed per-format seeds (hash(str) is salted per process, so it gave a different case each run).
 SEEDS = {"f32": 101, "f16": 102, "nvfp4": 103, "w4a8": 104}
@@ -166,6 +166,9 @@ def test_quantize_act_q8_bit_exact(isa):
 
 def _best_isa_from_cpuinfo() -> str:
     """The ISA dispatch.cpp should pick, read independently of it from /proc/cpuinfo flags."""
+    if platform.machine() in ("aarch64", "arm64"):  # neon needs the dot product (Features: asimddp)
+        feats = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("Features")]
+        return "neon" if feats and {"asimd", "asimddp"} <= set(feats[0].split(":", 1)[1].split()) else "scalar"
     if platform.machine() not in ("x86_64", "AMD64"):
         return "scalar"
     flags = set()
@@ -189,6 +192,24 @@ def test_default_isa_is_the_best_the_cpu_has():
     want = _best_isa_from_cpuinfo()
     assert out == want, f"default kernel ISA {out!r}, the CPU's best is {want!r}"
     assert K_.cpu_supports(want) and want in ISAS
+
+
+def test_kvdeck_isa_env_picks_the_first_set():
+    """KVDECK_ISA names the set a fresh process starts with; a set the CPU lacks is reported."""
+    import os
+
+    code = "from app.engine import _native; print(_native.kernels.kernel_isa())"
+    root = Path(__file__).resolve().parents[2]
+
+    def start(value):
+        env = dict(os.environ, KVDECK_ISA=value)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=root, env=env)
+
+    assert start("scalar").stdout.strip() == "scalar"
+    bad = start("nonsense")
+    assert bad.stdout.strip() == _best_isa_from_cpuinfo()
+    assert "KVDECK_ISA=nonsense" in bad.stderr
 
 
 def test_isa_selection():

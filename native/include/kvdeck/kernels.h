@@ -5,7 +5,9 @@
 // never start threads themselves.
 //
 // Dispatch: the best ISA the CPU reports (cpuid) among avx512vnni > avx2 > scalar is chosen
-// once; set_kernel_isa() forces one (tests run every path the machine supports).
+// once (aarch64: neon with the dot product > scalar, from getauxval; KVDECK_ISA=NAME in the
+// environment picks the first one instead); set_kernel_isa() forces one (tests run every
+// path the machine supports).
 #pragma once
 #include <cstdint>
 

@@ -113,6 +113,9 @@ void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, i
   if (avx2 && kv.D % 8 == 0 && kv.D <= 128 && kv.block <= 64)
     return attention_segment_avx2(kv, g, q, G, t0, t1, scale, o, m, l, tile);
 #endif
+#if defined(__aarch64__)
+  if (neon_active()) return attention_segment_neon(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+#endif
   attention_segment_ref(kv, g, q, G, t0, t1, scale, o, m, l, tile);
 }
 

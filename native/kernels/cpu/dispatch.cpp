@@ -3,9 +3,24 @@
 // The best ISA that cpuid reports (avx512vnni > avx2 > scalar) is chosen on first use;
 // set_kernel_isa() forces one the CPU supports. ISA-specific code is only ever reached
 // through a KernelSet whose cpu_supports() check passed.
+// aarch64: neon (asimd + dot product, from getauxval(AT_HWCAP)) > scalar.
+// KVDECK_ISA=<name> in the environment picks the first set instead of the best one (tests:
+// KVDECK_ISA=scalar runs the portable kernels on a CPU that has a faster set); a name the
+// CPU cannot run is reported on stderr and the best set is used.
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
 
 #include "kernels/cpu/kernels_impl.h"
 
@@ -19,21 +34,37 @@ const cpu::KernelSet* kernels_for(const char* name) {
   if (std::strcmp(name, "avx2") == 0) return &cpu::avx2_kernels();
   if (std::strcmp(name, "avx512vnni") == 0) return &cpu::avx512_kernels();
 #endif
+#if defined(__aarch64__)
+  if (std::strcmp(name, "neon") == 0) return &cpu::neon_kernels();
+#endif
   return nullptr;
 }
 
 const cpu::KernelSet* best_kernels() {
-  for (const char* name : {"avx512vnni", "avx2", "scalar"})
+  for (const char* name : {"avx512vnni", "avx2", "neon", "scalar"})
     if (const cpu::KernelSet* k = kernels_for(name)) return k;
   return &cpu::scalar_kernels();
 }
 
+const cpu::KernelSet* first_kernels() {
+  const char* env = std::getenv("KVDECK_ISA");
+  if (env == nullptr || *env == '\0') return best_kernels();
+  if (const cpu::KernelSet* k = kernels_for(env)) return k;
+  const cpu::KernelSet* best = best_kernels();
+  std::fprintf(stderr, "kvdeck: KVDECK_ISA=%s is not a kernel set this CPU runs; using %s\n", env, best->name);
+  return best;
+}
+
 std::atomic<const cpu::KernelSet*>& active() {
-  static std::atomic<const cpu::KernelSet*> k{best_kernels()};
+  static std::atomic<const cpu::KernelSet*> k{first_kernels()};
   return k;
 }
 
 }  // namespace
+
+#if defined(__aarch64__)
+bool cpu::neon_active() { return active().load(std::memory_order_relaxed) == &cpu::neon_kernels(); }
+#endif
 
 bool cpu_supports(const char* name) {
   if (name == nullptr) return false;
@@ -47,6 +78,16 @@ bool cpu_supports(const char* name) {
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("avx512vnni");
+#endif
+#if defined(__aarch64__)
+  if (std::strcmp(name, "neon") == 0) {
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    return (hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP);
+#else
+    return false;  // no getauxval: the portable kernels
+#endif
+  }
 #endif
   return false;
 }

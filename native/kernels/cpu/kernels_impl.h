@@ -59,4 +59,19 @@ extern const int8_t kE2m1x2[16];
 constexpr int kW4a8Offset = 8;
 constexpr int kNvfp4Offset = 12;
 
+#if defined(__aarch64__)
+// The fourth set, "neon": NEON + dot product (ARMv8.2-A, e.g. Cortex-A78AE), files *_neon.cpp.
+const KernelSet& neon_kernels();  // needs asimd + asimddp (getauxval(AT_HWCAP), dispatch.cpp)
+bool neon_active();               // the active set is neon: attention / SiLU route to it too
+// F32 / F16 GEMM (gemm_dense_neon.cpp); the W4A8 mins term and W8A8 (gemm_neon.cpp).
+void gemm_dense_neon(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1);
+void w4a8_mins_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+void gemm_w8a8_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// silu_mul_row and attention_segment (ops_cpu.h) on NEON (activation_neon.cpp, attention_neon.cpp;
+// D in {32, 64, 96, 128} and block <= 256, otherwise the reference).
+void silu_mul_row_neon(const float* a, const float* b, int n, float* y);
+void attention_segment_neon(const KvView& kv, int g, const float* q, int G, int t0, int t1,
+                            float scale, float* o, float* m, float* l, float* tile);
+#endif
+
 }  // namespace kvdeck::cpu

@@ -55,6 +55,9 @@ void silu_mul_row(const float* a, const float* b, int n, float* y) {
   static const bool avx2 = cpu_supports("avx2");
   if (avx2) return silu_mul_row_avx2(a, b, n, y);
 #endif
+#if defined(__aarch64__)
+  if (neon_active()) return silu_mul_row_neon(a, b, n, y);
+#endif
   silu_mul_row_loop(a, b, n, y);
 }
 
