@@ -178,4 +178,42 @@ cudaError_t rope(float* x, int rows, int n_heads, int D, int ld, const int32_t* 
 cudaError_t silu_mul(const float* a, const float* b, int rows, int n, int ld_ab, float* y,
                      cudaStream_t stream);
 
+// =====================================================================================
+// The CUDA backend's remaining ops (gemv_dense.cu, backend_ops.cu)
+// =====================================================================================
+// Dense GEMV, batch M in [1, 8]: y[m, n] = sum_k x[m, k] * W[n, k], W f32 or f16 [N, K],
+// x f32 [M, K] (row stride K), y row stride ldy. f32 accumulation.
+cudaError_t gemv_float(bool f16_weights, const void* w, int N, int K, const float* x, int M, float* y, int ldy,
+                       cudaStream_t stream);
+// W8A8 (formats.h: codes i8 [N, Kp], scales f16 [N, Kp/32]) against quantize_act_q8's q, d:
+//   y = sum_b d_a(b) * f16(scale_b) * isum_b (exact int32 per 32-block; the CPU's gemm_w8a8).
+cudaError_t gemv_w8a8(const int8_t* codes, const uint16_t* scales, int N, int Kp, const int8_t* xq,
+                      const float* xd, int M, float* y, int ldy, cudaStream_t stream);
+// W4A8 minimums (GGUF Q4_1, group 32), added after gemv_w4a8 (the CPU's w4a8_mins):
+//   y[m, n] += sum_b d_a(m, b) * s_a(m, b) * (min(n, b) + 8 * scale(n, b))    any M >= 1
+cudaError_t w4a8_mins_add(const uint16_t* mins, const uint16_t* scales, int N, int Kp, const float* xd,
+                          const int32_t* xs, int M, float* y, int ldy, cudaStream_t stream);
+
+// x[m, :] = table[ids[m], :] (f32 or f16 table [V, H]; ids are not range-checked here).
+cudaError_t embed_rows(const void* table, bool f16, const int32_t* ids, int M, int H, float* x, cudaStream_t stream);
+// x[i] += y[i], i < n.
+cudaError_t add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
+// x[m * ld + j] += b[j].
+cudaError_t add_bias(float* x, const float* b, int M, int n, int ld, cudaStream_t stream);
+// ctx[0] = pos[0] + 1 (a decode step's context length, from the device positions array).
+cudaError_t ctx_from_pos(const int32_t* pos, int32_t* ctx, cudaStream_t stream);
+// Write k, v rows (f32 [M, n_kv*D], row stride ld) into pool slots (kv_pool.h layout), format
+// 0 f32, 1 f16 (RNE), 2 NVFP4 (the CPU's kv_nvfp4_encode_row, byte for byte). D % 16 == 0.
+cudaError_t kv_write(int format, void* k_pages, void* v_pages, int n_kv, int D, const float* k, const float* v,
+                     int ld, const int32_t* slots, int M, cudaStream_t stream);
+// Causal attention of M queries over paged KV of any format (0 f32, 1 f16, 2 NVFP4): query
+// m (q row stride ldq) attends to tokens [0, pos[m]] (pos: device i32 [M]); out f32
+// [M, n_heads*D] packed. One warp per (query, head), f32 online softmax. D % 32 == 0, D <= 256.
+// The prefill path and the f32-KV decode path (attention_decode covers f16 / NVFP4 decode).
+cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages, const int32_t* pages, int block,
+                            int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
+                            float scale, float* out, cudaStream_t stream);
+// out[0] = the first index of max(x[0..n)) (numpy.argmax), one block.
+cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
+
 }  // namespace kvdeck::cuda
