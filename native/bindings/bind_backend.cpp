@@ -246,7 +246,7 @@ void bind_backend(py::module_& m) {
             int32_t* sd = o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(ctx), slots.data())));
             o.be().kv_write(pool, 0, o.put(k), o.put(v), nkv * D, sd, ctx);
             const size_t bytes = size_t(ctx) * pool.token_bytes();
-            py::array_t<uint8_t> kb(py::ssize_t(bytes)), vb(py::ssize_t(bytes));
+            py::array_t<uint8_t> kb{py::ssize_t(bytes)}, vb{py::ssize_t(bytes)};
             o.be().sync();
             o.be().download(kb.mutable_data(), pool.k(0), bytes);
             o.be().download(vb.mutable_data(), pool.v(0), bytes);
