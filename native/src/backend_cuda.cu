@@ -3,6 +3,10 @@
 // Every op enqueues on the backend's stream and returns (download and sync wait). Shapes a
 // kernel does not support are refused with std::invalid_argument naming the op, before
 // anything is enqueued; CUDA errors raise std::runtime_error with CUDA's message.
+// Fusion: a small model's decode step is bound by kernel count, so rmsnorm, add, silu_mul and
+// rope are deferred one op and fused with the op that consumes them (add + rmsnorm +
+// quantize_input: one kernel; silu_mul + quantize_input; rope q + rope k + kv_write, which also
+// writes the decode context length): every other entry point launches what is pending first.
 // Decode steps (M = 1) run as a CUDA graph: the engine brackets a step with step_begin /
 // step_end; the second step of a kind is captured and every later one replays it (positions,
 // KV slots and the page table are read from device memory, so one graph serves every step).
@@ -13,11 +17,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "kvdeck/backend.h"
@@ -44,6 +50,8 @@ class CudaBackend final : public Backend {
     sms_ = p.multiProcessorCount;
     check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
+    void* h = nullptr;
+    if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
   }
   ~CudaBackend() override {
     if (capturing_) {
@@ -55,6 +63,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(st_);
     if (ws_) cudaFree(ws_);
     cudaFree(ctx_);
+    if (stage_) cudaFreeHost(stage_);
     cudaStreamDestroy(st_);
   }
 
@@ -63,6 +72,7 @@ class CudaBackend final : public Backend {
 
   // ---- memory ---------------------------------------------------------------------
   void* alloc(size_t bytes) override {
+    flush();
     no_capture("alloc");
     void* p = nullptr;
     check(cudaMalloc(&p, std::max<size_t>(bytes, 64)), "cudaMalloc");
@@ -71,37 +81,74 @@ class CudaBackend final : public Backend {
   }
   void free(void* p) override {
     if (!p) return;
+    flush();
     cudaStreamSynchronize(st_);
     cudaFree(p);
   }
-  // Pageable host memory: returns once src has been copied out (ordered on the stream).
+  // Returns once src may be reused (ordered on the stream). Small uploads (a step's ids,
+  // positions, slots and page table) go through a pinned staging buffer: an asynchronous copy
+  // instead of a pageable one that blocks; the staging is reused once the stream has drained
+  // (every download and sync drains it).
   void upload(void* dst, const void* src, size_t bytes) override {
+    flush();
+    ctx_fresh_ = nullptr;  // pos may change
     no_capture("upload");
-    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+    if (!bytes) return;
+    if (bytes <= kStage / 4 && stage_) {
+      if (stage_used_ + bytes > kStage) sync();
+      uint8_t* p = stage_ + stage_used_;
+      std::memcpy(p, src, bytes);
+      stage_used_ += (bytes + 63) / 64 * 64;
+      check(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, st_), "upload");
+      return;
+    }
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
   }
   void download(void* dst, const void* src, size_t bytes) override {
+    flush();
     no_capture("download");
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st_), "download");
     sync();
   }
-  void sync() override { check(cudaStreamSynchronize(st_), "stream"); }
+  void sync() override {
+    flush();
+    check(cudaStreamSynchronize(st_), "stream");
+    stage_used_ = 0;
+  }
 
   // ---- ops ------------------------------------------------------------------------
   void embed(const WeightView& table, const int32_t* ids, int M, float* x) override {
+    flush();
     if (table.dtype != DType::F32 && table.dtype != DType::F16) bad("embed: the table must be f32 or f16");
     check(cuda::embed_rows(table.data, table.dtype == DType::F16, ids, M, table.K, x, st_), "embed");
   }
   void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) override {
-    check(cuda::rmsnorm(x, w, M, n, eps, y, st_), "rmsnorm");
+    const float* add = nullptr;  // a pending x += add folds into the norm
+    if (p_add_.n && p_add_.x == x && p_add_.n == size_t(M) * n) add = p_add_.y, p_add_ = {};
+    flush();
+    p_norm_ = {const_cast<float*>(x), add, w, M, n, eps, y};
   }
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
     q.act.M = M;
     q.act.Kp = round_up(K, kQ8Block);
-    check(cuda::quantize_act_q8(x, M, K, q.act.Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+    const int Kp = q.act.Kp;
+    if (p_norm_.M && p_norm_.h == x && p_norm_.M == M && p_norm_.n == K) {
+      const Norm n = p_norm_;
+      p_norm_ = {};
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
+    } else if (p_silu_.M && p_silu_.y == x && p_silu_.M == M && p_silu_.n == K) {
+      const Silu u = p_silu_;
+      p_silu_ = {};
+      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
+    } else {
+      flush();
+      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+    }
     q.valid = true;
   }
   // M > 8 (prefill): the batch-8 kernels over row chunks of 8, each reading the weights once.
   void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
+    flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
     for (int m0 = 0; m0 < M; m0 += 8) {
@@ -139,14 +186,55 @@ class CudaBackend final : public Backend {
       check(e, "matmul");
     }
   }
+  // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
+  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
+    flush();
+    const WeightView& w0 = *outs[0].w;
+    bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
+    for (int i = 0; one && i < n; ++i) {
+      const WeightView& w = *outs[i].w;
+      one = w.dtype == w0.dtype && w.Kp == w0.Kp && w.group == w0.group && !w.mins;
+    }
+    if (!one) return Backend::matmul_many(outs, n, x, xq, M);
+    cuda::GemvWeight g[4];
+    for (int i = 0; i < n; ++i)
+      g[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N, outs[i].y};
+    check(cuda::gemv_many_m1(w0.dtype == DType::NVFP4 ? 0 : 1, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, xq.act.s,
+                             st_, pdl_),
+          "matmul_many");
+  }
   void add_bias(float* x, const float* b, int M, int n, int ld) override {
+    flush();
     check(cuda::add_bias(x, b, M, n, ld, st_), "add_bias");
   }
   void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos, const float* inv_freq) override {
-    check(cuda::rope(x, M, n_heads, D, ld, pos, inv_freq, st_), "rope");
+    if (p_add_.n || p_norm_.M || p_silu_.M || p_rope_.size() >= 2) flush();
+    p_rope_.push_back({x, M, n_heads, D, ld, pos, inv_freq});
   }
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld, const int32_t* slots,
                 int M) override {
+    const int D = pool.head_dim();
+    int ki = -1, qi = -1;  // pending ropes of this k and of a q at the same positions
+    for (int i = 0; i < int(p_rope_.size()); ++i)
+      if (p_rope_[i].x == k && p_rope_[i].M == M && p_rope_[i].ld == ld && p_rope_[i].nh == pool.n_kv() &&
+          p_rope_[i].D == D)
+        ki = i;
+    if (ki >= 0)
+      for (int i = 0; i < int(p_rope_.size()); ++i)
+        if (i != ki && p_rope_[i].M == M && p_rope_[i].D == D && p_rope_[i].pos == p_rope_[ki].pos &&
+            p_rope_[i].inv == p_rope_[ki].inv)
+          qi = i;
+    if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
+      const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
+      p_rope_.clear();
+      flush();
+      check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
+                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
+            "rope_kv_write");
+      ctx_fresh_ = M == 1 ? kr.pos : nullptr;
+      return;
+    }
+    flush();
     const cudaError_t e = cuda::kv_write(int(pool.dtype()), pool.k(layer), pool.v(layer), pool.n_kv(),
                                          pool.head_dim(), k, v, ld, slots, M, st_);
     if (e == cudaErrorInvalidValue) bad("kv_write: head_dim " + std::to_string(pool.head_dim()) + " (needs a multiple of 16)");
@@ -154,6 +242,9 @@ class CudaBackend final : public Backend {
   }
   void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
                  const int32_t* pages, int nh, int nkv, int D, float* out) override {
+    flush();
+    const int32_t* fresh = ctx_fresh_;  // ctx_ already holds pos[0] + 1 (written with the KV)
+    ctx_fresh_ = nullptr;
     const float scale = 1.0f / std::sqrt(float(D));
     const int max_ctx = std::min(pool.n_pages() * pool.block(), 524288);
     cuda::PagedKv kv;
@@ -162,31 +253,34 @@ class CudaBackend final : public Backend {
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
-      const size_t need = cuda::attn_workspace_floats(nh, max_ctx, D);
-      if (need > ws_floats_) {
-        no_capture("attention workspace");
-        if (ws_) check(cudaFree(ws_), "cudaFree");
-        ws_ = nullptr;
-        check(cudaMalloc(&ws_, need * sizeof(float)), "cudaMalloc");
-        ws_floats_ = need;
-      }
-      check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
-      check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws_, out, st_), "attention_decode");
+      float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
+      if (fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
+      check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_), "attention_decode");
       return;
     }
+    // Small M (f32-KV decode, a short prefill tail): split over the sequence as well.
+    float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
     const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
-                                                nkv, D, q, ldq, M, nh, pos, scale, out, st_);
+                                                nkv, D, q, ldq, M, nh, pos, scale, out, st_, max_ctx, ws);
     if (e == cudaErrorInvalidValue) bad("attention: head_dim " + std::to_string(D) + " (needs a multiple of 32, <= 256)");
     check(e, "attention");
   }
   void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
-    check(cuda::silu_mul(a, b, M, n, n, y, st_), "silu_mul");
+    flush();
+    p_silu_ = {a, b, M, n, y};
   }
-  void add(float* x, const float* y, size_t n) override { check(cuda::add_inplace(x, y, n, st_), "add"); }
-  void argmax(const float* x, int n, int32_t* out) override { check(cuda::argmax(x, n, out, st_), "argmax"); }
+  void add(float* x, const float* y, size_t n) override {
+    flush();
+    if (n) p_add_ = {x, y, n};
+  }
+  void argmax(const float* x, int n, int32_t* out) override {
+    flush();
+    check(cuda::argmax(x, n, out, st_), "argmax");
+  }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------
   bool step_begin(uint64_t key) override {
+    flush();
     if (!graphs_on_) return false;
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
@@ -199,6 +293,7 @@ class CudaBackend final : public Backend {
     return false;
   }
   void step_end(uint64_t key, bool ok) override {
+    if (ok) flush();
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -218,6 +313,67 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // ---- deferred ops (see the top of the file) ----
+  struct Add {
+    float* x = nullptr;
+    const float* y = nullptr;
+    size_t n = 0;
+  };
+  struct Norm {
+    float* x = nullptr;
+    const float* y = nullptr;  // a folded add, or null
+    const float* w = nullptr;
+    int M = 0, n = 0;
+    float eps = 0;
+    float* h = nullptr;
+  };
+  struct Silu {
+    const float *a = nullptr, *b = nullptr;
+    int M = 0, n = 0;
+    float* y = nullptr;
+  };
+  struct Rope {
+    float* x = nullptr;
+    int M = 0, nh = 0, D = 0, ld = 0;
+    const int32_t* pos = nullptr;
+    const float* inv = nullptr;
+  };
+  void flush() {
+    if (p_add_.n) {
+      const Add a = p_add_;
+      p_add_ = {};
+      check(cuda::add_inplace(a.x, a.y, a.n, st_), "add");
+    }
+    if (p_norm_.M) {
+      const Norm n = p_norm_;
+      p_norm_ = {};
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, n.M, n.n, n.eps, n.h, 0, nullptr, nullptr, nullptr, st_), "rmsnorm");
+    }
+    if (p_silu_.M) {
+      const Silu u = p_silu_;
+      p_silu_ = {};
+      check(cuda::silu_mul(u.a, u.b, u.M, u.n, u.n, u.y, st_), "silu_mul");
+    }
+    if (!p_rope_.empty()) {
+      const std::vector<Rope> r = p_rope_;
+      p_rope_.clear();
+      for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
+    }
+  }
+
+  // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
+  float* workspace(size_t floats) {
+    if (floats > ws_floats_) {
+      no_capture("attention workspace");
+      check(cudaStreamSynchronize(st_), "stream");
+      if (ws_) check(cudaFree(ws_), "cudaFree");
+      ws_ = nullptr;
+      check(cudaMalloc(&ws_, floats * sizeof(float)), "cudaMalloc");
+      ws_floats_ = floats;
+    }
+    return ws_;
+  }
+
   void check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return;
     abort_capture();
@@ -231,6 +387,7 @@ class CudaBackend final : public Backend {
     if (capturing_) bad(std::string(what) + " inside a captured decode step");
   }
   void abort_capture() {
+    p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -248,6 +405,14 @@ class CudaBackend final : public Backend {
   std::unordered_set<uint64_t> seen_;
   int32_t* ctx_ = nullptr;   // device: the decode step's context length
   float* ws_ = nullptr;      // device: split-attention partials
+  static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
+  uint8_t* stage_ = nullptr;
+  size_t stage_used_ = 0;
+  const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
+  Add p_add_;
+  Norm p_norm_;
+  Silu p_silu_;
+  std::vector<Rope> p_rope_;
   size_t ws_floats_ = 0;
 };
 

@@ -27,11 +27,6 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif("cuda" not in _native.backend
                                                    reason="no usable CUDA backend (build or GPU)")]
 RNG = np.random.default_rng(20261201)
 ROOT = Path(__file__).resolve().parents[2]
-# Whole-model bound: max |logit difference| / max |CPU logit|. Both backends run the same
-# integer dot products, but the f32 sums run in another order, and a last-bit difference
-# can flip an activation's int8 rounding (one step in 127) or an NVFP4 KV code; measured
-# on the H200 (printed with -s) well under it.
-MODEL_TOL = 2e-2
 
 
 def _rel(a, b) -> float:
@@ -143,13 +138,28 @@ def _run(eng, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, list[np.ndarr
 @pytest.mark.parametrize("weights", ["nvfp4", "w4a8", "f16"])
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
 def test_model_logits_match_cpu(models, weights, kv):
+    """Bound: CUDA may differ from the CPU backend by at most 3x as much as the CPU backend's own
+    two kernel paths (its best ISA and the scalar reference) differ from each other on the same
+    model (floor 1e-3): a random 30-layer model amplifies last-bit differences (an int8 or NVFP4
+    rounding that flips), so a fixed bound would be either loose or flaky."""
     prompt = RNG.integers(0, 49152, 45).astype(np.int32)  # 45: chunks of 8 and a tail of 5
-    pre_c, dec_c = _run(models(weights, kv, "cpu"), prompt, 6)
+    cpu = models(weights, kv, "cpu")
+    isa = _native.kernels.kernel_isa()
+    pre_c, dec_c = _run(cpu, prompt, 6)
+    _native.kernels.set_kernel_isa("scalar")
+    try:
+        pre_s, dec_s = _run(cpu, prompt, 6)
+    finally:
+        _native.kernels.set_kernel_isa(isa)
     pre_g, dec_g = _run(models(weights, kv, "cuda"), prompt, 6)
-    errs = [_rel(pre_g, pre_c)] + [_rel(g, c) for g, c in zip(dec_g, dec_c)]
-    print(f"\n{weights} weights, {kv} KV: prefill {errs[0]:.2e}, decode max {max(errs[1:]):.2e}")
-    assert max(errs) < MODEL_TOL, errs
-    assert (pre_g.argmax(1) == pre_c.argmax(1)).mean() >= 0.95
+    rows = np.abs(pre_g - pre_c).max(1) / np.abs(pre_c).max()
+    err = max([_rel(pre_g, pre_c)] + [_rel(g, c) for g, c in zip(dec_g, dec_c)])
+    ref = max([_rel(pre_s, pre_c)] + [_rel(g, c) for g, c in zip(dec_s, dec_c)])
+    print(f"\n{weights} weights, {kv} KV: cuda vs cpu({isa}) {err:.2e} (worst prefill row {int(rows.argmax())}: "
+          f"{rows.max():.2e}, median row {np.median(rows):.2e}); cpu scalar vs cpu({isa}) {ref:.2e}")
+    assert err <= max(3 * ref, 1e-3), (err, ref)
+    agree, ref_agree = (pre_g.argmax(1) == pre_c.argmax(1)).mean(), (pre_s.argmax(1) == pre_c.argmax(1)).mean()
+    assert agree >= min(0.95, ref_agree) - 0.1, (agree, ref_agree)
 
 
 def test_cache_hit_equals_cold_prefill(models):
