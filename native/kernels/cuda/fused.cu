@@ -13,7 +13,7 @@ using namespace detail;
 
 namespace {
 
-constexpr int kNormThreads = 256;  // as elementwise.cu's rmsnorm: the same sums, the same values
+constexpr int kNormThreads = 256;  // rows under 2048: as elementwise.cu's rmsnorm (the same sums)
 
 // Quantise 32 values (one per lane) exactly as quantize_act_q8_kernel does.
 __device__ __forceinline__ void quant_block(float v, bool live, int k, int8_t* q, float* d, int32_t* s, int blk) {
@@ -29,7 +29,12 @@ __device__ __forceinline__ void quant_block(float v, bool live, int k, int8_t* q
 }
 
 // One block per row: x += y (y optional), h = x / rms(x) * w, then q8 of h (q optional).
-__global__ void __launch_bounds__(kNormThreads)
+// Element i of a row is held by thread i % T in pass i / T, so a warp holds whole 32-blocks
+// (T a multiple of 32): each quantises its blocks from registers, with no barrier and no
+// re-read of h. T = 1024 for wide rows (a decode step's norm is one block: its serial
+// passes are its latency).
+template <int T>
+__global__ void __launch_bounds__(T)
 add_rmsnorm_q8_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w, int n,
                       float eps, float* h, int Kp, int8_t* __restrict__ q, float* __restrict__ d,
                       int32_t* __restrict__ s) {
@@ -38,7 +43,7 @@ add_rmsnorm_q8_kernel(float* x, const float* __restrict__ y, const float* __rest
   float* xr = x + size_t(blockIdx.x) * n;
   float* hr = h + size_t(blockIdx.x) * n;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+  for (int i = threadIdx.x; i < n; i += T) {
     float v = xr[i];
     if (y) {
       v += y[size_t(blockIdx.x) * n + i];
@@ -46,22 +51,20 @@ add_rmsnorm_q8_kernel(float* x, const float* __restrict__ y, const float* __rest
     }
     ss = fmaf(v, v, ss);
   }
-  __shared__ float part[kNormThreads / 32];
+  __shared__ float part[T / 32];
   ss = warp_sum(ss);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
   __syncthreads();
   float tot = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kNormThreads / 32; ++i) tot += part[i];
+  for (int i = 0; i < T / 32; ++i) tot += part[i];
   const float inv = rsqrtf(tot / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += kNormThreads) hr[i] = xr[i] * inv * w[i];
-  if (!q) return;
-  __syncthreads();  // h written by the whole block (global writes are visible after the barrier)
-  const int nb = Kp / 32, lane = threadIdx.x & 31;
-  for (int b = threadIdx.x / 32; b < nb; b += kNormThreads / 32) {
-    const int k = b * 32 + lane;
-    const float v = k < n ? hr[k] : 0.0f;
-    quant_block(v, k < n, k, q + size_t(blockIdx.x) * Kp, d + size_t(blockIdx.x) * nb, s + size_t(blockIdx.x) * nb, b);
+  const int end = q ? Kp : n;  // Kp: a multiple of 32, so every pass is warp-uniform
+  const int nb = Kp / 32;
+  for (int i = threadIdx.x; i < end; i += T) {
+    const float v = i < n ? xr[i] * inv * w[i] : 0.0f;
+    if (i < n) hr[i] = v;
+    if (q) quant_block(v, i < n, i, q + size_t(blockIdx.x) * Kp, d + size_t(blockIdx.x) * nb, s + size_t(blockIdx.x) * nb, i / 32);
   }
 }
 
@@ -189,8 +192,11 @@ __global__ void rope_kv_write_kernel(float* __restrict__ q, int ldq, int nh, con
 cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int n, float eps, float* h, int Kp,
                            int8_t* q, float* d, int32_t* s, cudaStream_t stream) {
   if (M < 1 || n < 1 || (q && (Kp % 32 != 0 || Kp < n || Kp - n >= 32))) return cudaErrorInvalidValue;
-  return launch_kernel(add_rmsnorm_q8_kernel, dim3(M), dim3(kNormThreads), stream, true, x, y, w, n, eps, h, Kp, q,
-                       d, s);
+  if (n >= 2048)
+    return launch_kernel(add_rmsnorm_q8_kernel<1024>, dim3(M), dim3(1024), stream, true, x, y, w, n, eps, h, Kp, q,
+                         d, s);
+  return launch_kernel(add_rmsnorm_q8_kernel<kNormThreads>, dim3(M), dim3(kNormThreads), stream, true, x, y, w, n,
+                       eps, h, Kp, q, d, s);
 }
 
 cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, float* y, int8_t* q, float* d,

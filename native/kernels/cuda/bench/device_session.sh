@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [tests] [bench] [kernels] [8b]
+#   device_session.sh OUT [tests] [bench] [8b] [profile] [kernels]
 # Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
 set -uo pipefail
 out=$1; shift
@@ -28,6 +28,10 @@ for step in "$@"; do
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
     8b)
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench.log" ;;
+    profile)
+      for m in "smollm2-135m" "llama3-8b 8"; do
+        PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
+      done ;;
     kernels)
       timeout 500 python3 native/kernels/cuda/bench/run_bench.py --json "$out/kernels.json" 2>&1 \
         | tee "$out/kernels.log" | tail -60 ;;
