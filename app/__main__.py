@@ -29,6 +29,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="weight format (default nvfp4; gguf = the GGUF source's own 4/8-bit blocks, exactly)")
     p.add_argument("--kv", choices=["f32", "f16", "nvfp4"], help="KV cache format (default f32)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="the engine's backend (default cpu; [engine] device)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -56,8 +57,9 @@ def _load(args):
     from app.config import load_settings
     from app.engine import load_engine
 
-    s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
-    return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None,
+    s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads,
+                      device=getattr(args, "device", None)).engine
+    return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None, device=s.device,
                        **_pool(s, getattr(args, "kv_pages", None)))
 
 
@@ -244,9 +246,11 @@ def _console_builder(args, writer=None):
         from app.config import load_settings
         from app.engine import load_engine
 
-        s = load_settings(model=opts.model, weights=opts.weights, kv=opts.kv, threads=opts.threads)
+        s = load_settings(model=opts.model, weights=opts.weights, kv=opts.kv, threads=opts.threads,
+                          device=getattr(args, "device", None))
         progress(f"loading {s.engine.model}: {s.engine.weights} weights, {s.engine.kv} KV", 0.1)
         eng = load_engine(s.engine.model, weights=s.engine.weights, kv=s.engine.kv, threads=s.engine.threads or None,
+                          device=s.engine.device,
                           **_pool(s.engine, opts.kv_pages or None))
         progress("building the agent and its tools", 0.8)
         sid = ""

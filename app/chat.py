@@ -37,7 +37,8 @@ def engine_for(run: RunConfig):
     from app.engine import load_engine
 
     return load_engine(run.model, weights=run.weight_format, kv=run.kv_format, threads=run.threads or None,
-                       kv_pages=run.kv_pages or None, prefix_cache=run.prefix_cache, kv_block=run.kv_block)
+                       kv_pages=run.kv_pages or None, prefix_cache=run.prefix_cache, kv_block=run.kv_block,
+                       device=run.backend)
 
 
 def make_agent(eng, toolbox: Toolbox, *, sampling, max_tokens: int | None = None, follow_up: str | None = None,

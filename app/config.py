@@ -7,6 +7,7 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     weights = "nvfp4"         # nvfp4 | w4a8 | f16 | f32
     kv = "f32"                # f32 | f16
     threads = 0               # 0: all cores
+    device = "cpu"            # cpu | cuda (a build with the CUDA backend, on a machine with a GPU)
     max_context = 0           # KV pool sizing in tokens; 0: the model's context (one whole session)
     kv_mib = 512.0            # KV memory budget (MiB): the pool is the smaller of max_context and this; 0: none
 
@@ -48,6 +49,7 @@ class EngineSettings:
     weights: str = "nvfp4"
     kv: str = "f32"
     threads: int = 0
+    device: str = "cpu"  # the engine's backend: cpu | cuda
     max_context: int = 0  # KV pool in tokens; 0: the model's context
     kv_mib: float = 512.0  # KV memory budget; the pool is the smaller of the two (0: no budget)
 

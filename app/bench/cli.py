@@ -9,6 +9,7 @@ BENCHES = {
     "cpu": "app.bench.cpu",          # end-to-end prefill/decode tok/s vs llama.cpp, same cores
     "cache": "app.bench.cache",      # seed-000 agent task, prefix cache off vs on
     "soak": "app.bench.soak",        # one long agent session (--turns 200): failed turns, RSS, reuse, trims
+    "gpu": "app.bench.gpu",          # the engine on a CUDA GPU: decode µs/token, prefill tok/s, 8B roofline
 }
 
 

@@ -231,8 +231,10 @@ def load_engine(
     kv_mib: float | None = None,
     kv_block: int = 16,
     max_chunk: int = 512,
+    device: str = "cpu",
 ) -> Engine:
-    """Load a model folder onto the CPU backend. See module docstring for `path`.
+    """Load a model folder onto a backend (`device`: "cpu", or "cuda" where built and a GPU is
+    present). See module docstring for `path`.
 
     The KV pool holds `kv_pages` pages of 16 tokens, or `kv_mib` MiB of KV, or (neither
     given) enough for `max_context` tokens; its memory never grows past that.
@@ -266,6 +268,7 @@ def load_engine(
         if kv_pages < 1:
             raise EngineError(f"kv_mib {kv_mib} is smaller than one page ({per_page / 2**20:.3f} MiB)")
     options = {
+        "backend": device,
         "kv": kv,
         "threads": threads or 0,
         "kv_pages": kv_pages or 0,
@@ -277,6 +280,10 @@ def load_engine(
     try:
         native = _native.Engine(native_cfg, options)
     except ValueError as e:
+        if device != "cpu" and "not available in this build" in str(e):
+            raise EngineError(f"device {device!r}: {e}") from None
         raise EngineError(f"{folder / 'model.safetensors'}: {e}") from None
+    except RuntimeError as e:  # "no CUDA device: <the driver's reason>"
+        raise EngineError(f"device {device!r}: {e}") from None
     upload_tensors(native, header, cfg.tie_word_embeddings)  # tensor by tensor (peak memory)
     return Engine(native, cfg, tokenizer, folder, prefix_cache=prefix_cache)

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kvdeck/backend.h"
@@ -40,6 +41,13 @@ class BackendOps {
     be_->upload(p, a.data(), a.nbytes());
     bufs_.push_back(p);
     return static_cast<T*>(p);
+  }
+  void* put_raw(const py::array& a) {  // the array's bytes, C order
+    const py::array c = py::array::ensure(a, py::array::c_style);
+    void* p = be_->alloc(std::max<size_t>(1, c.nbytes()));
+    be_->upload(p, c.data(), c.nbytes());
+    bufs_.push_back(p);
+    return p;
   }
   float* scratch(size_t n) {
     void* p = be_->alloc(n * sizeof(float));
@@ -181,6 +189,80 @@ void bind_backend(py::module_& m) {
             o.be().attention(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D, out);
             return o.get(out, {M, py::ssize_t(nh) * D});
           },
-          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"), py::arg("kv") = "f32");
-  m.def("backends", [] { return std::vector<std::string>{"cpu"}; }, "Backends this build has.");
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"), py::arg("kv") = "f32")
+      .def(
+          "matmul_q",
+          [](BackendOps& o, const std::string& dtype, const py::array& data, const py::array& scales, int K,
+             float tscale, const Arr<float>& x, std::optional<py::array> mins) {
+            // A weight in a formats.h layout (codes and scales as the quantisers write them, f16
+            // as uint16), through quantize_input + matmul: y f32 [M, N].
+            Release r{o};
+            WeightView w;
+            w.dtype = dtype == "nvfp4" ? DType::NVFP4 : dtype == "w4a8" ? DType::W4A8 : dtype == "w8a8" ? DType::W8A8
+                    : dtype == "f16" ? DType::F16 : DType::F32;
+            require(data.ndim() == 2 && x.ndim() == 2 && int(x.shape(1)) == K, "data [N, *], x [M, K]");
+            w.N = int(data.shape(0)), w.K = K;
+            w.Kp = w.dtype == DType::NVFP4 || w.dtype == DType::W4A8 ? int(data.shape(1)) * 2
+                 : w.dtype == DType::W8A8                            ? int(data.shape(1))
+                                                                     : K;
+            require(!is_integer(w.dtype) || w.Kp == round_up(K, kQuantPad), "codes must cover round_up(K, 32)");
+            w.group = w.dtype == DType::NVFP4 ? kNvfp4Block
+                    : w.dtype == DType::W4A8  ? w.Kp / int(scales.shape(scales.ndim() - 1))
+                                              : kQ8Block;
+            w.tscale = tscale;
+            w.data = o.put_raw(data);
+            if (is_integer(w.dtype)) w.scales = o.put_raw(scales);
+            if (mins) w.mins = o.put_raw(*mins);
+            o.be().prepare_weight(w);
+            const int M = int(x.shape(0));
+            float* xd = o.put(x);
+            QuantScratch q;
+            if (is_integer(w.dtype)) {
+              q.act.q = reinterpret_cast<int8_t*>(o.scratch(size_t(M) * w.Kp / 4 + 1));
+              q.act.d = o.scratch(size_t(M) * w.Kp / kQ8Block);
+              q.act.s = reinterpret_cast<int32_t*>(o.scratch(size_t(M) * w.Kp / kQ8Block));
+              o.be().quantize_input(xd, M, K, q);
+            }
+            float* y = o.scratch(size_t(M) * w.N);
+            o.be().matmul(w, xd, q, M, y, w.N);
+            return o.get(y, {M, w.N});
+          },
+          py::arg("dtype"), py::arg("data"), py::arg("scales"), py::arg("K"), py::arg("tscale") = 1.0f,
+          py::arg("x"), py::arg("mins") = py::none())
+      .def(
+          "kv_write_bytes",
+          [](BackendOps& o, const Arr<float>& k, const Arr<float>& v, const std::string& kv) {
+            // k, v f32 [ctx, nkv, D] written by kv_write into a fresh one-layer pool (pages in
+            // order, block 16): the pool's K and V bytes, for a byte comparison across backends.
+            Release r{o};
+            require(k.ndim() == 3 && v.ndim() == 3 && k.size() == v.size(), "k, v [ctx, nkv, D]");
+            const int ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2)), B = 16;
+            const int n_pages = (ctx + B - 1) / B;
+            const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+            KvPool pool(o.be(), 1, nkv, D, B, n_pages, dt);
+            std::vector<int32_t> slots(ctx);
+            for (int i = 0; i < n_pages; ++i) pool.alloc_page();
+            for (int t = 0; t < ctx; ++t) slots[t] = t;  // pages 0.. in order
+            int32_t* sd = o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(ctx), slots.data())));
+            o.be().kv_write(pool, 0, o.put(k), o.put(v), nkv * D, sd, ctx);
+            const size_t bytes = size_t(ctx) * pool.token_bytes();
+            py::array_t<uint8_t> kb{py::ssize_t(bytes)}, vb{py::ssize_t(bytes)};
+            o.be().sync();
+            o.be().download(kb.mutable_data(), pool.k(0), bytes);
+            o.be().download(vb.mutable_data(), pool.v(0), bytes);
+            return py::make_tuple(kb, vb);
+          },
+          py::arg("k"), py::arg("v"), py::arg("kv"))
+      .def("argmax", [](BackendOps& o, const Arr<float>& x) {
+        Release r{o};
+        require(x.size() >= 1, "x must not be empty");
+        int32_t* out = reinterpret_cast<int32_t*>(o.scratch(1));
+        o.be().argmax(o.put(x), int(x.size()), out);
+        int32_t h = 0;
+        o.be().sync();
+        o.be().download(&h, out, sizeof(h));
+        return h;
+      });
+  m.def("backends", &usable_backends, "Backends this build has that can run here (a GPU for cuda).");
+  m.def("built_backends", &built_backends, "Backends this build has.");
 }

@@ -113,6 +113,21 @@ void bind_engine(py::module_& m) {
           "Append ids to the sequence and compute them; logits f32 [V] of the last token, "
           "or [n, V] with all_logits. Raises CancelledError(tokens appended) when cancel is set.")
       .def(
+          "forward_greedy",
+          [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+             const CancelFlag* cancel) {
+            const int n = int(ids.size());
+            const int32_t* p = ids.data();
+            int32_t tok = 0;
+            {
+              py::gil_scoped_release nogil;
+              e.forward(seq, p, n, nullptr, false, cancel, &tok);
+            }
+            return tok;
+          },
+          py::arg("seq"), py::arg("ids"), py::arg("cancel") = nullptr,
+          "forward() returning the last token's argmax, reduced on the backend (no logits download).")
+      .def(
           "begin",
           [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
             py::gil_scoped_release nogil;

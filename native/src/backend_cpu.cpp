@@ -282,9 +282,4 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
-  if (name == "cpu") return make_cpu_backend(threads);
-  throw std::invalid_argument("backend '" + name + "' is not available in this build (available: cpu)");
-}
-
 }  // namespace kvdeck

@@ -17,7 +17,7 @@ struct Engine::Scratch {
   std::vector<void*> bufs;
   float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *logits;  // see sizes below
   float* inv_freq;  // [D/2] the RoPE table, uploaded once
-  int32_t *ids, *pos, *slots, *pages;
+  int32_t *ids, *pos, *slots, *pages, *token;  // token: [1] the device argmax
   QuantScratch xq;
   int logit_rows, max_pages;
 
@@ -41,6 +41,7 @@ struct Engine::Scratch {
     pos = i(M);
     slots = i(M);
     pages = i(max_pages);
+    token = i(1);
     inv_freq = f(c.rope_inv_freq.size());
     be.upload(inv_freq, c.rope_inv_freq.data(), sizeof(float) * c.rope_inv_freq.size());
     const int Kmax = round_up(std::max(c.hidden, std::max(c.intermediate, int(QD))), kQ8Block);
@@ -222,7 +223,7 @@ void Engine::reserve_pages(Sequence& s, int n_tokens) {
 // Forward pass
 // ============================================================================
 void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits,
-                     const CancelFlag* cancel) {
+                     const CancelFlag* cancel, int32_t* argmax) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!weights_set_) throw std::logic_error("engine: weights not set");
   if (n <= 0) throw std::invalid_argument("forward: no tokens");
@@ -252,7 +253,7 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
     float* out = all_logits ? logits + size_t(done) * V : (last ? logits : nullptr);
     if (cancel && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(done);
     try {
-      forward_chunk(s, ids + done, M, p0 + done, out, all_logits, cancel);
+      forward_chunk(s, ids + done, M, p0 + done, out, all_logits, cancel, last ? argmax : nullptr);
     } catch (const Cancelled&) {
       throw Cancelled(done);  // this chunk's K/V are incomplete: it is not appended
     }
@@ -262,9 +263,10 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
 }
 
 // One chunk of M tokens at positions p0.. of sequence s (its pages already reserved).
-// logits: host f32 [V] (last row) or [M, V] (all rows), or null for none.
+// logits: host f32 [V] (last row) or [M, V] (all rows), or null for none; argmax: host [1],
+// the last row's argmax computed on the backend, or null.
 void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits,
-                           bool all_logits, const CancelFlag* cancel) {
+                           bool all_logits, const CancelFlag* cancel, int32_t* argmax) {
   Backend& be = *backend_;
   Scratch& S = *scratch_;
   const ModelConfig& c = config_;
@@ -283,8 +285,25 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   be.upload(S.slots, slots.data(), sizeof(int32_t) * M);
   be.upload(S.pages, s.pages.data(), sizeof(int32_t) * n_pages);
 
-  be.embed(weights_.embed, S.ids, M, S.x);  // x: [M, H]
-  for (int l = 0; l < c.n_layers; ++l) {
+  // A decode step (M = 1) runs the same ops every step: the backend may replay a recording
+  // of it (CUDA graph) instead of the ops up to the head's download (backend.h step_begin).
+  const uint64_t step_key = argmax ? 2 : logits ? 1 : 0;
+  struct StepGuard {  // closes the step on every exit; ok only when the ops all ran
+    Backend& be;
+    uint64_t key;
+    bool open, ok = false;
+    void end() {
+      if (open) be.step_end(key, ok = true), open = false;
+    }
+    ~StepGuard() {
+      if (open) be.step_end(key, false);
+    }
+  } step{be, step_key, false};
+  const bool replayed = M == 1 && be.step_begin(step_key);
+  step.open = M == 1 && !replayed;
+
+  if (!replayed) be.embed(weights_.embed, S.ids, M, S.x);  // x: [M, H]
+  for (int l = 0; l < c.n_layers && !replayed; ++l) {
     if (cancel && l > 0 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     if (M > 1 && l > 0) {
       std::lock_guard<std::mutex> lk(pub_mu_);
@@ -330,7 +349,7 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     be.matmul(L.w_down, S.act, S.xq, M, S.o, H);
     be.add(S.x, S.o, size_t(M) * H);
   }
-  if (!logits) return;
+  if (!logits && !argmax) return step.end();
 
   // ---- head: final norm + lm_head, over the last row or all rows in sub-chunks ----
   const int V = c.vocab;
@@ -339,13 +358,19 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   const int first = all_logits ? 0 : M - 1;
   for (int r0 = first; r0 < M; r0 += S.logit_rows) {
     const int R = std::min(S.logit_rows, M - r0);
-    be.rmsnorm(S.x + size_t(r0) * H, weights_.final_norm, R, H, c.rms_eps, S.h);
-    S.xq.valid = false;
-    if (integer) be.quantize_input(S.h, R, H, S.xq);
-    be.matmul(head, S.h, S.xq, R, S.logits, V);
+    if (!replayed) {
+      be.rmsnorm(S.x + size_t(r0) * H, weights_.final_norm, R, H, c.rms_eps, S.h);
+      S.xq.valid = false;
+      if (integer) be.quantize_input(S.h, R, H, S.xq);
+      be.matmul(head, S.h, S.xq, R, S.logits, V);
+      if (argmax && r0 + R == M) be.argmax(S.logits + size_t(R - 1) * V, V, S.token);
+    }
+    step.end();  // a decode step's recording ends before the downloads
+    if (!logits) continue;
     be.sync();
     be.download(logits + size_t(r0 - first) * V, S.logits, sizeof(float) * R * V);
   }
+  if (argmax) be.download(argmax, S.token, sizeof(int32_t));
 }
 
 }  // namespace kvdeck

@@ -1,8 +1,8 @@
 // kvdeck/backend.h — the operations the forward pass needs, per backend.
 //
 // The forward pass (Engine::forward_chunk in engine.cpp) is written once against this
-// interface; the CPU backend (backend_cpu.cpp) implements it, a CUDA backend will implement
-// it beside it. Every pointer an op receives lives in memory this backend allocated. Ops may
+// interface; the CPU backend (backend_cpu.cpp) and the CUDA backend (backend_cuda.cu)
+// implement it. Every pointer an op receives lives in memory this backend allocated. Ops may
 // run asynchronously on backends that can (CUDA streams); sync() waits.
 // Memory: ops do not allocate device memory for their outputs (the caller's scratch holds
 // them), but the CPU backend keeps growable host workspaces of its own (per-thread scratch,
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvdeck/kernels.h"
 #include "kvdeck/kv_pool.h"
@@ -80,6 +81,30 @@ class Backend {
   // x += y                                           f32 [n]
   virtual void add(float* x, const float* y, size_t n) = 0;
 
+  // out[0] = the first index of the maximum of x[0..n) (greedy decoding without a download
+  // of the logits); x and out in backend memory. Default: through host memory.
+  virtual void argmax(const float* x, int n, int32_t* out) {
+    std::vector<float> h(size_t(n > 0 ? n : 0));
+    download(h.data(), x, sizeof(float) * h.size());
+    int32_t best = 0;
+    for (int i = 1; i < n; ++i)
+      if (h[i] > h[best]) best = i;
+    upload(out, &best, sizeof(best));
+  }
+
+  // ---- decode steps (CUDA graphs) -------------------------------------------------------
+  // The engine brackets the ops of a decode step (M = 1: the same ops, shapes and buffers
+  // every step; positions, slots and pages read from backend memory) with step_begin(key) /
+  // step_end(key, ok), key naming the kind of step. A backend that records steps may replay
+  // a recording in step_begin and return true: the engine then skips the ops (it uploads the
+  // step's inputs before and downloads after). step_end(key, false) follows a step that threw.
+  // Default: no recording.
+  virtual bool step_begin(uint64_t key) {
+    (void)key;
+    return false;
+  }
+  virtual void step_end(uint64_t key, bool ok) { (void)key, (void)ok; }
+
   // ---- load time --------------------------------------------------------------------
   // Called once per linear weight after all weights are uploaded, before the first forward:
   // a backend may repack w into a layout of its own (allocating backend memory it owns and
@@ -88,8 +113,17 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);
-// The backend named `name` ("cpu"; others where built), or std::invalid_argument naming the
-// backends this build has.
+// The backend named `name` ("cpu"; "cuda" where built), or std::invalid_argument naming the
+// backends this build has (backend_registry.cpp). "cuda" on a machine without a usable GPU
+// throws std::runtime_error("no CUDA device: <the driver's reason>").
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads);
+// Backends this build has ("cpu", and "cuda" when built with KVDECK_CUDA).
+std::vector<std::string> built_backends();
+// Those that can run here: a CUDA build on a machine with no GPU (or no driver) lists "cpu".
+std::vector<std::string> usable_backends();
+#ifdef KVDECK_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int threads);  // backend_cuda.cu
+std::string cuda_device_status();                          // "" when a device is usable
+#endif
 
 }  // namespace kvdeck

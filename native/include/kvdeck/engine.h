@@ -135,9 +135,11 @@ class Engine {
   // Append ids [n] to the sequence and run the model over them. Writes logits f32 [V] of
   // the last token, or [n, V] for every token when all_logits. Throws KvPoolFull (the
   // sequence is left as it was) when the pool cannot hold the new tokens, and Cancelled
-  // when cancel was set (the completed chunks stay appended).
+  // when cancel was set (the completed chunks stay appended). argmax (host [1], optional):
+  // the last token's greedy choice, reduced on the backend (logits may then be null: no [V]
+  // download). Decode steps (n == 1) may run as a backend recording (CUDA graph).
   void forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits,
-               const CancelFlag* cancel = nullptr);
+               const CancelFlag* cancel = nullptr, int32_t* argmax = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
@@ -149,7 +151,7 @@ class Engine {
  private:
   struct Scratch;
   void forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits, bool all_logits,
-                     const CancelFlag* cancel);
+                     const CancelFlag* cancel, int32_t* argmax);
   void reserve_pages(Sequence& s, int n_tokens);
   Sequence& seq_ref(int seq);       // std::invalid_argument for an unknown id; holds mu_
   void close_locked(int seq);

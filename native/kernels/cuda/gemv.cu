@@ -64,10 +64,10 @@ namespace {
 // GEMV kernel (building blocks: gemv_impl.cuh)
 // =====================================================================================
 
+// The body of one warp: rows n0 .. n0 + R - 1 of a (gemv_kernel; gemv_many_kernel per weight).
 template <Fmt F, int M, int R, int U, bool PF>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a) {
+__device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
   const int lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R;
   if (n0 >= a.N) return;
   const int nc = a.Kp / 32;
   pdl_launch_dependents();
@@ -118,6 +118,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a)
       const float v = warp_sum(acc[r][m]);
       if (lane == r * M + m && n0 + r < a.N) a.y[size_t(m) * a.ldy + n0 + r] = v * scale;
     }
+}
+
+template <Fmt F, int M, int R, int U, bool PF>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a) {
+  gemv_warp<F, M, R, U, PF>(a, (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R);
+}
+
+// Several weights reading the same activations, one launch: blocks [first[i], first[i+1])
+// run weight i (its own codes, scales, tensor scale, N and y), as separate launches would.
+constexpr int kGemvManyMax = 4;
+struct GemvMany {
+  GemvArgs a[kGemvManyMax];
+  int first[kGemvManyMax + 1];
+  int n;
+};
+
+template <Fmt F, int M, int R, int U, bool PF>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_many_kernel(const GemvMany g) {
+  int i = 0;
+  while (i + 1 < g.n && int(blockIdx.x) >= g.first[i + 1]) ++i;
+  gemv_warp<F, M, R, U, PF>(g.a[i], ((int(blockIdx.x) - g.first[i]) * kGemvWarps + threadIdx.x / 32) * R);
 }
 
 // =====================================================================================
@@ -210,6 +231,25 @@ cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, i
     return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, 1.0f, group, N, Kp, xq, xd, xs, nullptr, y, ldy};
   return launch_default<Fmt::W4a8>(a, M, stream, pdl);
+}
+
+cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl) {
+  if (n < 1 || n > kGemvManyMax || Kp < 32 || Kp % 32 != 0 || (fmt == 1 && (group < 32 || group % 32 || Kp % group)))
+    return cudaErrorInvalidValue;
+  GemvMany g{};
+  g.n = n;
+  g.first[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    if (w[i].N < 1) return cudaErrorInvalidValue;
+    g.a[i] = GemvArgs{w[i].codes, w[i].scales, w[i].tscale, fmt == 0 ? 16 : group, w[i].N, Kp, xq, xd, xs, nullptr,
+                      w[i].y, w[i].N};
+    g.first[i + 1] = g.first[i] + (w[i].N + kGemvWarps - 1) / kGemvWarps;  // R = 1: a warp per row
+  }
+  const dim3 grid(g.first[n]), block(kGemvWarps * 32);
+  if (fmt == 0) return launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 2, true>, grid, block, stream, pdl, g);
+  if (fmt == 1) return launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 2, true>, grid, block, stream, pdl, g);
+  return cudaErrorInvalidValue;
 }
 
 namespace detail {

@@ -85,6 +85,20 @@ cudaError_t gemv_nvfp4_q8fused(const uint8_t* codes, const uint8_t* scales, floa
 cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int group, int N, int K, int Kp,
                               const float* x, float* y, cudaStream_t stream, bool pdl = false);
 
+// Batch 1, several weights of one format reading the same activations (q/k/v, gate/up) in
+// one launch: the same kernel and results as one gemv_nvfp4_dp4a (fmt 0) / gemv_w4a8 (fmt 1)
+// per weight (y_i: f32 [N_i]); fewer launches, which is what a small model's decode step
+// pays for. At most 4 weights; Kp (and group) shared.
+struct GemvWeight {
+  const uint8_t* codes;
+  const void* scales;
+  float tscale;  // nvfp4
+  int N;
+  float* y;
+};
+cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false);
+
 namespace detail {
 // Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per
 // warp, U chunks per lane per step; pipelined: the next step's weights are loaded before this
@@ -177,5 +191,70 @@ cudaError_t rope(float* x, int rows, int n_heads, int D, int ld, const int32_t* 
 // b = a + n, ld_ab = 2n); y: [rows, n] packed.
 cudaError_t silu_mul(const float* a, const float* b, int rows, int n, int ld_ab, float* y,
                      cudaStream_t stream);
+
+// =====================================================================================
+// The CUDA backend's remaining ops (gemv_dense.cu, backend_ops.cu)
+// =====================================================================================
+// Dense GEMV, batch M in [1, 8]: y[m, n] = sum_k x[m, k] * W[n, k], W f32 or f16 [N, K],
+// x f32 [M, K] (row stride K), y row stride ldy. f32 accumulation.
+cudaError_t gemv_float(bool f16_weights, const void* w, int N, int K, const float* x, int M, float* y, int ldy,
+                       cudaStream_t stream);
+// W8A8 (formats.h: codes i8 [N, Kp], scales f16 [N, Kp/32]) against quantize_act_q8's q, d:
+//   y = sum_b d_a(b) * f16(scale_b) * isum_b (exact int32 per 32-block; the CPU's gemm_w8a8).
+cudaError_t gemv_w8a8(const int8_t* codes, const uint16_t* scales, int N, int Kp, const int8_t* xq,
+                      const float* xd, int M, float* y, int ldy, cudaStream_t stream);
+// W4A8 minimums (GGUF Q4_1, group 32), added after gemv_w4a8 (the CPU's w4a8_mins):
+//   y[m, n] += sum_b d_a(m, b) * s_a(m, b) * (min(n, b) + 8 * scale(n, b))    any M >= 1
+cudaError_t w4a8_mins_add(const uint16_t* mins, const uint16_t* scales, int N, int Kp, const float* xd,
+                          const int32_t* xs, int M, float* y, int ldy, cudaStream_t stream);
+
+// x[m, :] = table[ids[m], :] (f32 or f16 table [V, H]; ids are not range-checked here).
+cudaError_t embed_rows(const void* table, bool f16, const int32_t* ids, int M, int H, float* x, cudaStream_t stream);
+// x[i] += y[i], i < n.
+cudaError_t add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
+// x[m * ld + j] += b[j].
+cudaError_t add_bias(float* x, const float* b, int M, int n, int ld, cudaStream_t stream);
+// ctx[0] = pos[0] + 1 (a decode step's context length, from the device positions array).
+cudaError_t ctx_from_pos(const int32_t* pos, int32_t* ctx, cudaStream_t stream);
+// Write k, v rows (f32 [M, n_kv*D], row stride ld) into pool slots (kv_pool.h layout), format
+// 0 f32, 1 f16 (RNE), 2 NVFP4 (the CPU's kv_nvfp4_encode_row, byte for byte). D % 16 == 0.
+cudaError_t kv_write(int format, void* k_pages, void* v_pages, int n_kv, int D, const float* k, const float* v,
+                     int ld, const int32_t* slots, int M, cudaStream_t stream);
+// Causal attention of M queries over paged KV of any format (0 f32, 1 f16, 2 NVFP4): query
+// m (q row stride ldq) attends to tokens [0, pos[m]] (pos: device i32 [M]); out f32
+// [M, n_heads*D] packed. One warp per (query, head), f32 online softmax. D % 32 == 0, D <= 256.
+// The prefill path and the f32-KV decode path (attention_decode covers f16 / NVFP4 decode).
+// ws (optional, for small M: decode over f32 KV): split the sequence into
+// paged_attn_splits(max_ctx) pieces of paged_attn_split_len(max_ctx) tokens (max_ctx >= every
+// pos[m] + 1), one warp each, merged by a second kernel; ws holds
+// paged_attn_ws_floats(M, n_heads, max_ctx, D) floats.
+inline int paged_attn_splits(int max_ctx) { return max_ctx <= 64 ? 1 : max_ctx / 64 < 64 ? (max_ctx + 63) / 64 : 64; }
+inline int paged_attn_split_len(int max_ctx) {
+  const int s = paged_attn_splits(max_ctx);
+  return ((max_ctx + s - 1) / s + 31) / 32 * 32;
+}
+inline size_t paged_attn_ws_floats(int M, int n_heads, int max_ctx, int D) {
+  return size_t(M) * n_heads * paged_attn_splits(max_ctx) * (D + 2);
+}
+cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages, const int32_t* pages, int block,
+                            int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
+                            float scale, float* out, cudaStream_t stream, int max_ctx = 0, float* ws = nullptr);
+// out[0] = the first index of max(x[0..n)) (numpy.argmax), one block.
+cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
+
+// ---- fused decode-step kernels (fused.cu; launched with PDL on sm_90+) ----
+// x[r] += y[r] (y may be null), h[r] = x[r] / rms(x[r]) * w (h may equal x), and, when q is
+// given, h's q8 exactly as quantize_act_q8 (q [M, Kp], d, s [M, Kp/32]). One block per row.
+cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int n, float eps, float* h, int Kp,
+                           int8_t* q, float* d, int32_t* s, cudaStream_t stream);
+// y = silu(a) * b (a, b, y [M, n] packed) and y's q8 (q [M, Kp], d, s [M, Kp/32]).
+cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, float* y, int8_t* q, float* d,
+                        int32_t* s, cudaStream_t stream);
+// RoPE (rotate-half at pos[m]) of q in place (q may be null) and of k, and kv_write of the
+// roped k and of v into the pool slots (format as kv_write); k itself is left unrotated.
+// ctx (may be null): ctx[0] = pos[0] + 1, for attention_decode.
+cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const float* v, int ldk, int n_kv, int D,
+                          int M, const int32_t* pos, const float* inv_freq, int format, void* k_pages,
+                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream);
 
 }  // namespace kvdeck::cuda

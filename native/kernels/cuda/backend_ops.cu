@@ -1,0 +1,343 @@
+// backend_ops.cu — the CUDA backend's small ops: embedding rows, residual add, bias, KV-pool
+// writes in the CPU pool's byte layout (the same codec bit for bit), causal attention of M
+// queries over paged KV of any format (prefill; f32-KV decode), argmax, and the decode
+// context length read from the positions array. Contracts: kernels_cuda.h.
+#include <cstdint>
+
+#include "common.cuh"
+#include "kernels_cuda.h"
+
+namespace kvdeck::cuda {
+
+using namespace detail;
+
+namespace {
+
+// =====================================================================================
+// Elementwise
+// =====================================================================================
+
+__global__ void embed_kernel(const void* __restrict__ table, bool f16, const int32_t* __restrict__ ids, int H,
+                             float* __restrict__ x) {
+  const int m = blockIdx.y;
+  const size_t row = size_t(ids[m]) * H;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+    x[size_t(m) * H + i] = f16 ? __half2float(static_cast<const __half*>(table)[row + i])
+                               : static_cast<const float*>(table)[row + i];
+}
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+__global__ void add_bias_kernel(float* __restrict__ x, const float* __restrict__ b, int M, int n, int ld) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(M) * n) return;
+  x[(i / n) * ld + i % n] += b[i % n];
+}
+
+__global__ void ctx_from_pos_kernel(const int32_t* __restrict__ pos, int32_t* __restrict__ ctx) {
+  ctx[0] = pos[0] + 1;
+}
+
+// =====================================================================================
+// KV writes: the CPU codec (formats.cpp f32_to_e4m3 / f32_to_e2m1, kv_codec_cpu.cpp) in
+// integer operations, so the bytes match the CPU pool's.
+// =====================================================================================
+
+__device__ __forceinline__ uint32_t rne_shift(uint32_t v, uint32_t sh) {
+  return (v + ((1u << (sh - 1)) - 1u) + ((v >> sh) & 1u)) >> sh;
+}
+
+__device__ __forceinline__ uint8_t f32_to_e4m3_dev(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint8_t sign = uint8_t((x >> 24) & 0x80u);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint8_t(sign | 0x7Fu);
+  if (a >= 0x43E00000u) return uint8_t(sign | 0x7Eu);
+  if (a >= 0x3C800000u) return uint8_t(sign | (rne_shift(a, 20) - ((127u - 7u) << 3)));
+  const uint32_t e = a >> 23;
+  const uint32_t sh = min(141u - min(e, 120u), 25u);
+  const uint32_t mant = e ? ((a & 0x7FFFFFu) | 0x800000u) : 0u;
+  return uint8_t(sign | rne_shift(mant, sh));
+}
+
+__device__ __forceinline__ float e4m3_to_f32_dev(uint8_t b) {
+  const uint32_t sign = uint32_t(b & 0x80u) << 24;
+  const uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
+  if ((b & 0x7Fu) == 0x7Fu) return __uint_as_float(sign | 0x7FC00000u);
+  if (e != 0) return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+  return __uint_as_float(sign | __float_as_uint(float(m) * __uint_as_float(0x3B000000u)));
+}
+
+__device__ __forceinline__ uint8_t f32_to_e2m1_dev(float f) {
+  const uint8_t sign = uint8_t((__float_as_uint(f) >> 28) & 0x8u);
+  const float a = fabsf(f);
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return uint8_t(sign | code);
+}
+
+// One thread per (token, KV head, 16-value block) for NVFP4; per value otherwise.
+__global__ void kv_write_kernel(KvFormat fmt, bool f32, uint8_t* __restrict__ kb, uint8_t* __restrict__ vb,
+                                const float* __restrict__ k, const float* __restrict__ v, int ld,
+                                const int32_t* __restrict__ slots, int M, int nkv, int D, int row_bytes) {
+  const int per = f32 || fmt == KvFormat::F16 ? D : D / 16;  // work items per (token, head)
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(M) * nkv * per) return;
+  const int j = int(i % per), g = int(i / per % nkv), m = int(i / per / nkv);
+  const size_t dst = (size_t(slots[m]) * nkv + g) * row_bytes;
+  const float* kr = k + size_t(m) * ld + size_t(g) * D;
+  const float* vr = v + size_t(m) * ld + size_t(g) * D;
+  if (f32) {
+    reinterpret_cast<float*>(kb + dst)[j] = kr[j];
+    reinterpret_cast<float*>(vb + dst)[j] = vr[j];
+    return;
+  }
+  if (fmt == KvFormat::F16) {
+    reinterpret_cast<__half*>(kb + dst)[j] = __float2half_rn(kr[j]);
+    reinterpret_cast<__half*>(vb + dst)[j] = __float2half_rn(vr[j]);
+    return;
+  }
+  for (int t = 0; t < 2; ++t) {
+    const float* xb = (t ? vr : kr) + j * 16;
+    uint8_t* row = (t ? vb : kb) + dst;
+    float amax = 0.0f;
+    for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(xb[e]));
+    const uint8_t s = f32_to_e4m3_dev(__fdiv_rn(amax, 6.0f));
+    const float sd = e4m3_to_f32_dev(s);
+    row[D / 2 + j] = s;
+    for (int e = 0; e < 16; e += 2) {
+      const uint8_t lo = sd > 0.f ? f32_to_e2m1_dev(__fdiv_rn(xb[e], sd)) : 0;
+      const uint8_t hi = sd > 0.f ? f32_to_e2m1_dev(__fdiv_rn(xb[e + 1], sd)) : 0;
+      row[(j * 16 + e) / 2] = uint8_t(lo | (hi << 4));
+    }
+  }
+}
+
+// =====================================================================================
+// Paged attention of M queries (causal over the cache; query m sees pos[m] + 1 tokens)
+// =====================================================================================
+// One warp per (query, head[, split]): lane j scores token t0 + j of each 32-token tile
+// against q (shared memory), an online softmax over tiles, then the tile's V rows accumulated
+// with lanes over head_dim (d = lane + 32 e). f32 throughout. Split (ws != null, small M):
+// blockIdx.y owns tokens [y * split_len, (y + 1) * split_len) and writes its partial
+// (acc[D], m, l) to ws[(item * gridDim.y + y) * (D + 2)]; attn_paged_combine_kernel merges.
+
+constexpr int kAttnWarpsPerBlock = 4;
+constexpr int kAttnMaxD = 256;
+
+template <int FMT>  // 0 f32, 1 f16, 2 nvfp4
+__device__ __forceinline__ float kv_elem(const uint8_t* row, int d, int D) {
+  if (FMT == 0) return reinterpret_cast<const float*>(row)[d];
+  if (FMT == 1) return __half2float(reinterpret_cast<const __half*>(row)[d]);
+  const uint8_t c = row[d >> 1];
+  const uint32_t code = (d & 1) ? (c >> 4) : (c & 15u), a = code & 7u;
+  // E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} without a (local-memory) table
+  const float mag = a < 2 ? 0.5f * float(a) : ((a & 1u) ? 1.5f : 1.0f) * float(1u << ((a >> 1) - 1));
+  return ((code & 8u) ? -mag : mag) * e4m3_to_float(row[D / 2 + (d >> 4)]);
+}
+
+template <int FMT, int E>
+__global__ void __launch_bounds__(kAttnWarpsPerBlock * 32)
+attention_paged_kernel(const uint8_t* __restrict__ kb, const uint8_t* __restrict__ vb, const int32_t* __restrict__ pages,
+                       int block, int nkv, int row_bytes, const float* __restrict__ q, int ldq, int M, int nh,
+                       const int32_t* __restrict__ pos, float scale, float* __restrict__ out, int split_len,
+                       float* __restrict__ ws) {
+  constexpr int D = E * 32;
+  __shared__ float qs[kAttnWarpsPerBlock][D];
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int item = blockIdx.x * kAttnWarpsPerBlock + w;
+  if (item >= M * nh) return;
+  const int m = item / nh, h = item % nh, g = h / (nh / nkv);
+  for (int d = lane; d < D; d += 32) qs[w][d] = q[size_t(m) * ldq + size_t(h) * D + d];
+  __syncwarp();
+  const int t_begin = ws ? int(blockIdx.y) * split_len : 0;
+  const int ctx = ws ? min(pos[m] + 1, t_begin + split_len) : pos[m] + 1;
+  float run_m = -INFINITY, run_l = 0.0f, acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+  for (int t0 = t_begin; t0 < ctx; t0 += 32) {
+    const int t = t0 + lane;
+    float s = -INFINITY;
+    if (t < ctx) {
+      const size_t slot = size_t(pages[t / block]) * block + t % block;
+      const uint8_t* kr = kb + (slot * nkv + g) * row_bytes;
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot = fmaf(qs[w][d], kv_elem<FMT>(kr, d, D), dot);
+      s = dot * scale;
+    }
+    const float tm = warp_max(s), nm = fmaxf(run_m, tm);
+    const float corr = __expf(run_m - nm);  // run_m = -inf at first: 0
+    const float p = t < ctx ? __expf(s - nm) : 0.0f;
+    run_l = run_l * corr + warp_sum(p);
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] *= corr;
+    run_m = nm;
+    const int n = min(32, ctx - t0);
+    for (int j = 0; j < n; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      const int tj = t0 + j;
+      const size_t slot = size_t(pages[tj / block]) * block + tj % block;
+      const uint8_t* vr = vb + (slot * nkv + g) * row_bytes;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(pj, kv_elem<FMT>(vr, lane + 32 * e, D), acc[e]);
+    }
+  }
+  if (ws) {  // an empty split leaves m = -inf, l = 0
+    float* p = ws + (size_t(item) * gridDim.y + blockIdx.y) * (D + 2);
+#pragma unroll
+    for (int e = 0; e < E; ++e) p[lane + 32 * e] = acc[e];
+    if (lane == 0) p[D] = run_m, p[D + 1] = run_l;
+    return;
+  }
+  const float inv = 1.0f / run_l;
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[size_t(m) * nh * D + size_t(h) * D + lane + 32 * e] = acc[e] * inv;
+}
+
+// One block per (query, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+__global__ void attn_paged_combine_kernel(const float* __restrict__ ws, int splits, int D, float* __restrict__ out) {
+  const float* p = ws + size_t(blockIdx.x) * splits * (D + 2);
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[s * (D + 2) + D]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = p[s * (D + 2) + D];
+      if (ms == -INFINITY) continue;
+      const float c = __expf(ms - mx);
+      num = fmaf(p[s * (D + 2) + d], c, num);
+      den = fmaf(p[s * (D + 2) + D + 1], c, den);
+    }
+    out[size_t(blockIdx.x) * D + d] = num / den;
+  }
+}
+
+template <int FMT>
+cudaError_t launch_paged(int E, dim3 grid, const uint8_t* k, const uint8_t* v, const int32_t* pages, int block,
+                         int nkv, int row_bytes, const float* q, int ldq, int M, int nh, const int32_t* pos,
+                         float scale, float* out, int split_len, float* ws, cudaStream_t st) {
+  const dim3 threads(kAttnWarpsPerBlock * 32);
+#define KVDECK_PAGED_CASE(EE)                                                                                   \
+  case EE:                                                                                                      \
+    attention_paged_kernel<FMT, EE><<<grid, threads, 0, st>>>(k, v, pages, block, nkv, row_bytes, q, ldq, M, nh, \
+                                                              pos, scale, out, split_len, ws);                  \
+    break;
+  switch (E) {
+    KVDECK_PAGED_CASE(1)
+    KVDECK_PAGED_CASE(2)
+    KVDECK_PAGED_CASE(3)
+    KVDECK_PAGED_CASE(4)
+    KVDECK_PAGED_CASE(8)
+    default: return cudaErrorInvalidValue;
+  }
+#undef KVDECK_PAGED_CASE
+  return cudaGetLastError();
+}
+
+// =====================================================================================
+// Argmax (first index of the maximum, as numpy.argmax; NaN never wins)
+// =====================================================================================
+
+constexpr int kArgmaxThreads = 1024;
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n, int32_t* __restrict__ out) {
+  float best = -INFINITY;
+  int bi = n;  // none yet
+  for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
+    const float v = x[i];
+    if (v > best || (bi == n && v == best)) best = v, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+  }
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  if ((threadIdx.x & 31) == 0) sv[threadIdx.x / 32] = best, si[threadIdx.x / 32] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w)
+      if (sv[w] > best || (sv[w] == best && si[w] < bi)) best = sv[w], bi = si[w];
+    out[0] = bi < n ? bi : 0;
+  }
+}
+
+}  // namespace
+
+// =====================================================================================
+// Launchers
+// =====================================================================================
+
+cudaError_t embed_rows(const void* table, bool f16, const int32_t* ids, int M, int H, float* x, cudaStream_t stream) {
+  if (M < 1 || M > 65535 || H < 1) return cudaErrorInvalidValue;
+  const int bx = (H + 255) / 256 < 8 ? (H + 255) / 256 : 8;
+  embed_kernel<<<dim3(bx, M), 256, 0, stream>>>(table, f16, ids, H, x);
+  return cudaGetLastError();
+}
+
+cudaError_t add_inplace(float* x, const float* y, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const size_t blocks = (n + 255) / 256;
+  add_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add_bias(float* x, const float* b, int M, int n, int ld, cudaStream_t stream) {
+  if (M < 1 || n < 1 || ld < n) return cudaErrorInvalidValue;
+  const size_t total = size_t(M) * n;
+  add_bias_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(x, b, M, n, ld);
+  return cudaGetLastError();
+}
+
+cudaError_t ctx_from_pos(const int32_t* pos, int32_t* ctx, cudaStream_t stream) {
+  ctx_from_pos_kernel<<<1, 1, 0, stream>>>(pos, ctx);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_write(int format, void* k_pages, void* v_pages, int n_kv, int D, const float* k, const float* v,
+                     int ld, const int32_t* slots, int M, cudaStream_t stream) {
+  if (M < 1 || n_kv < 1 || D < 16 || D % 16 != 0 || ld < n_kv * D || format < 0 || format > 2)
+    return cudaErrorInvalidValue;
+  const bool f32 = format == 0;
+  const KvFormat fmt = format == 2 ? KvFormat::NVFP4 : KvFormat::F16;
+  const int row_bytes = f32 ? 4 * D : format == 1 ? 2 * D : D / 2 + D / 16;
+  const int per = format == 2 ? D / 16 : D;
+  const size_t total = size_t(M) * n_kv * per;
+  kv_write_kernel<<<unsigned((total + 127) / 128), 128, 0, stream>>>(
+      fmt, f32, static_cast<uint8_t*>(k_pages), static_cast<uint8_t*>(v_pages), k, v, ld, slots, M, n_kv, D, row_bytes);
+  return cudaGetLastError();
+}
+
+cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages, const int32_t* pages, int block,
+                            int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
+                            float scale, float* out, cudaStream_t stream, int max_ctx, float* ws) {
+  if (M < 1 || n_kv < 1 || n_heads % n_kv != 0 || D % 32 != 0 || D > kAttnMaxD || block < 1 || format < 0 || format > 2 ||
+      ldq < n_heads * D)
+    return cudaErrorInvalidValue;
+  const int row_bytes = format == 0 ? 4 * D : format == 1 ? 2 * D : D / 2 + D / 16;
+  const int splits = ws ? paged_attn_splits(max_ctx) : 1, split_len = ws ? paged_attn_split_len(max_ctx) : 0;
+  const dim3 grid(unsigned((size_t(M) * n_heads + kAttnWarpsPerBlock - 1) / kAttnWarpsPerBlock), splits);
+  const auto* k = static_cast<const uint8_t*>(k_pages);
+  const auto* v = static_cast<const uint8_t*>(v_pages);
+  const int E = D / 32;
+  cudaError_t e;
+  switch (format) {
+    case 0: e = launch_paged<0>(E, grid, k, v, pages, block, n_kv, row_bytes, q, ldq, M, n_heads, pos, scale, out, split_len, ws, stream); break;
+    case 1: e = launch_paged<1>(E, grid, k, v, pages, block, n_kv, row_bytes, q, ldq, M, n_heads, pos, scale, out, split_len, ws, stream); break;
+    default: e = launch_paged<2>(E, grid, k, v, pages, block, n_kv, row_bytes, q, ldq, M, n_heads, pos, scale, out, split_len, ws, stream); break;
+  }
+  if (e != cudaSuccess || !ws) return e;
+  attn_paged_combine_kernel<<<M * n_heads, D < 128 ? D : 128, 0, stream>>>(ws, splits, D, out);
+  return cudaGetLastError();
+}
+
+cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream) {
+  if (n < 1) return cudaErrorInvalidValue;
+  argmax_kernel<<<1, kArgmaxThreads, 0, stream>>>(x, n, out);
+  return cudaGetLastError();
+}
+
+}  // namespace kvdeck::cuda

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
+# backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
+#   device_session.sh OUT [tests] [bench] [8b] [profile] [kernels]
+# Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
+set -uo pipefail
+out=$1; shift
+root=$(cd "$(dirname "$0")/../../../.." && pwd)
+cd "$root"
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+t0=$(date +%s)
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVDECK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DPython_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >"$out/cmake.log" 2>&1 \
+  || { tail -40 "$out/cmake.log"; exit 1; }
+cmake --build build/dev -j16 >"$out/build.log" 2>&1 || { grep -E "error|Error" -A4 "$out/build.log" | head -80; exit 1; }
+cp build/dev/_native*.so app/engine/
+echo "build: $(( $(date +%s) - t0 )) s"
+# `kvdeck bench gpu` without the CLI's imports (the device image has no orjson)
+gpu='import sys; from app.bench.gpu import run; sys.exit(run(sys.argv[1:]))'
+for step in "$@"; do
+  case $step in
+    tests)
+      timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_backend_cuda.py \
+        tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
+    bench)
+      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
+    8b)
+      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench.log" ;;
+    profile)
+      for m in "smollm2-135m" "llama3-8b 8"; do
+        PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
+      done ;;
+    kernels)
+      timeout 500 python3 native/kernels/cuda/bench/run_bench.py --json "$out/kernels.json" 2>&1 \
+        | tee "$out/kernels.log" | tail -60 ;;
+  esac
+done
+echo "total: $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,434 @@
+// The CUDA backend: device memory, one stream, and the kernels of native/kernels/cuda.
+//
+// Every op enqueues on the backend's stream and returns (download and sync wait). Shapes a
+// kernel does not support are refused with std::invalid_argument naming the op, before
+// anything is enqueued; CUDA errors raise std::runtime_error with CUDA's message.
+// Fusion: a small model's decode step is bound by kernel count, so rmsnorm, add, silu_mul and
+// rope are deferred one op and fused with the op that consumes them (add + rmsnorm +
+// quantize_input: one kernel; silu_mul + quantize_input; rope q + rope k + kv_write, which also
+// writes the decode context length): every other entry point launches what is pending first.
+// Decode steps (M = 1) run as a CUDA graph: the engine brackets a step with step_begin /
+// step_end; the second step of a kind is captured and every later one replays it (positions,
+// KV slots and the page table are read from device memory, so one graph serves every step).
+// KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
+// programmatic dependent launch (both for A/B measurements).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kernels/cuda/kernels_cuda.h"
+#include "kvdeck/backend.h"
+
+namespace kvdeck {
+namespace {
+
+bool env_on(const char* name, bool dflt) {
+  const char* s = std::getenv(name);
+  return s && *s ? std::string(s) != "0" : dflt;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      throw std::runtime_error(std::string("no CUDA device: ") +
+                               (e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
+    check(cudaSetDevice(0), "cudaSetDevice");
+    cudaDeviceProp p{};
+    check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+    sms_ = p.multiProcessorCount;
+    check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
+    void* h = nullptr;
+    if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
+  }
+  ~CudaBackend() override {
+    if (capturing_) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(st_, &g);
+      if (g) cudaGraphDestroy(g);
+    }
+    for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
+    cudaStreamSynchronize(st_);
+    if (ws_) cudaFree(ws_);
+    cudaFree(ctx_);
+    if (stage_) cudaFreeHost(stage_);
+    cudaStreamDestroy(st_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  int threads() const override { return sms_; }  // the multiprocessors the kernels spread over
+
+  // ---- memory ---------------------------------------------------------------------
+  void* alloc(size_t bytes) override {
+    flush();
+    no_capture("alloc");
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 64)), "cudaMalloc");
+    check(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 64), st_), "cudaMemset");
+    return p;
+  }
+  void free(void* p) override {
+    if (!p) return;
+    flush();
+    cudaStreamSynchronize(st_);
+    cudaFree(p);
+  }
+  // Returns once src may be reused (ordered on the stream). Small uploads (a step's ids,
+  // positions, slots and page table) go through a pinned staging buffer: an asynchronous copy
+  // instead of a pageable one that blocks; the staging is reused once the stream has drained
+  // (every download and sync drains it).
+  void upload(void* dst, const void* src, size_t bytes) override {
+    flush();
+    ctx_fresh_ = nullptr;  // pos may change
+    no_capture("upload");
+    if (!bytes) return;
+    if (bytes <= kStage / 4 && stage_) {
+      if (stage_used_ + bytes > kStage) sync();
+      uint8_t* p = stage_ + stage_used_;
+      std::memcpy(p, src, bytes);
+      stage_used_ += (bytes + 63) / 64 * 64;
+      check(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, st_), "upload");
+      return;
+    }
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    flush();
+    no_capture("download");
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st_), "download");
+    sync();
+  }
+  void sync() override {
+    flush();
+    check(cudaStreamSynchronize(st_), "stream");
+    stage_used_ = 0;
+  }
+
+  // ---- ops ------------------------------------------------------------------------
+  void embed(const WeightView& table, const int32_t* ids, int M, float* x) override {
+    flush();
+    if (table.dtype != DType::F32 && table.dtype != DType::F16) bad("embed: the table must be f32 or f16");
+    check(cuda::embed_rows(table.data, table.dtype == DType::F16, ids, M, table.K, x, st_), "embed");
+  }
+  void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) override {
+    const float* add = nullptr;  // a pending x += add folds into the norm
+    if (p_add_.n && p_add_.x == x && p_add_.n == size_t(M) * n) add = p_add_.y, p_add_ = {};
+    flush();
+    p_norm_ = {const_cast<float*>(x), add, w, M, n, eps, y};
+  }
+  void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
+    q.act.M = M;
+    q.act.Kp = round_up(K, kQ8Block);
+    const int Kp = q.act.Kp;
+    if (p_norm_.M && p_norm_.h == x && p_norm_.M == M && p_norm_.n == K) {
+      const Norm n = p_norm_;
+      p_norm_ = {};
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
+    } else if (p_silu_.M && p_silu_.y == x && p_silu_.M == M && p_silu_.n == K) {
+      const Silu u = p_silu_;
+      p_silu_ = {};
+      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
+    } else {
+      flush();
+      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+    }
+    q.valid = true;
+  }
+  // M > 8 (prefill): the batch-8 kernels over row chunks of 8, each reading the weights once.
+  void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
+    flush();
+    if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
+    const int Kp = w.Kp, nb = Kp / kQ8Block;
+    for (int m0 = 0; m0 < M; m0 += 8) {
+      const int R = std::min(8, M - m0);
+      float* yr = y + size_t(m0) * ldy;
+      const int8_t* q = xq.act.q ? xq.act.q + size_t(m0) * Kp : nullptr;
+      const float* d = xq.act.d ? xq.act.d + size_t(m0) * nb : nullptr;
+      const int32_t* s = xq.act.s ? xq.act.s + size_t(m0) * nb : nullptr;
+      const auto* codes = static_cast<const uint8_t*>(w.data);
+      cudaError_t e = cudaSuccess;
+      switch (w.dtype) {
+        case DType::F32:
+        case DType::F16:
+          e = cuda::gemv_float(w.dtype == DType::F16, w.data, w.N, w.K, x + size_t(m0) * w.K, R, yr, ldy, st_);
+          break;
+        case DType::NVFP4:
+          e = cuda::gemv_nvfp4_dp4a(codes, static_cast<const uint8_t*>(w.scales), w.tscale, w.N, Kp, q, d, R, yr, ldy,
+                                    st_, pdl_);
+          break;
+        case DType::W4A8:
+          e = cuda::gemv_w4a8(codes, static_cast<const uint16_t*>(w.scales), w.group, w.N, Kp, q, d, s, R, yr, ldy,
+                              st_, pdl_);
+          if (e == cudaSuccess && w.mins)
+            e = cuda::w4a8_mins_add(static_cast<const uint16_t*>(w.mins), static_cast<const uint16_t*>(w.scales), w.N,
+                                    Kp, d, s, R, yr, ldy, st_);
+          break;
+        case DType::W8A8:
+          e = cuda::gemv_w8a8(reinterpret_cast<const int8_t*>(codes), static_cast<const uint16_t*>(w.scales), w.N, Kp,
+                              q, d, R, yr, ldy, st_);
+          break;
+      }
+      if (e == cudaErrorInvalidValue)
+        bad("matmul: " + std::string(dtype_name(w.dtype)) + " weight [" + std::to_string(w.N) + ", " +
+            std::to_string(w.K) + "] (group " + std::to_string(w.group) + ") is not supported by the CUDA kernels");
+      check(e, "matmul");
+    }
+  }
+  // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
+  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
+    flush();
+    const WeightView& w0 = *outs[0].w;
+    bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
+    for (int i = 0; one && i < n; ++i) {
+      const WeightView& w = *outs[i].w;
+      one = w.dtype == w0.dtype && w.Kp == w0.Kp && w.group == w0.group && !w.mins;
+    }
+    if (!one) return Backend::matmul_many(outs, n, x, xq, M);
+    cuda::GemvWeight g[4];
+    for (int i = 0; i < n; ++i)
+      g[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N, outs[i].y};
+    check(cuda::gemv_many_m1(w0.dtype == DType::NVFP4 ? 0 : 1, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, xq.act.s,
+                             st_, pdl_),
+          "matmul_many");
+  }
+  void add_bias(float* x, const float* b, int M, int n, int ld) override {
+    flush();
+    check(cuda::add_bias(x, b, M, n, ld, st_), "add_bias");
+  }
+  void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos, const float* inv_freq) override {
+    if (p_add_.n || p_norm_.M || p_silu_.M || p_rope_.size() >= 2) flush();
+    p_rope_.push_back({x, M, n_heads, D, ld, pos, inv_freq});
+  }
+  void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld, const int32_t* slots,
+                int M) override {
+    const int D = pool.head_dim();
+    int ki = -1, qi = -1;  // pending ropes of this k and of a q at the same positions
+    for (int i = 0; i < int(p_rope_.size()); ++i)
+      if (p_rope_[i].x == k && p_rope_[i].M == M && p_rope_[i].ld == ld && p_rope_[i].nh == pool.n_kv() &&
+          p_rope_[i].D == D)
+        ki = i;
+    if (ki >= 0)
+      for (int i = 0; i < int(p_rope_.size()); ++i)
+        if (i != ki && p_rope_[i].M == M && p_rope_[i].D == D && p_rope_[i].pos == p_rope_[ki].pos &&
+            p_rope_[i].inv == p_rope_[ki].inv)
+          qi = i;
+    if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
+      const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
+      p_rope_.clear();
+      flush();
+      check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
+                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
+            "rope_kv_write");
+      ctx_fresh_ = M == 1 ? kr.pos : nullptr;
+      return;
+    }
+    flush();
+    const cudaError_t e = cuda::kv_write(int(pool.dtype()), pool.k(layer), pool.v(layer), pool.n_kv(),
+                                         pool.head_dim(), k, v, ld, slots, M, st_);
+    if (e == cudaErrorInvalidValue) bad("kv_write: head_dim " + std::to_string(pool.head_dim()) + " (needs a multiple of 16)");
+    check(e, "kv_write");
+  }
+  void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
+                 const int32_t* pages, int nh, int nkv, int D, float* out) override {
+    flush();
+    const int32_t* fresh = ctx_fresh_;  // ctx_ already holds pos[0] + 1 (written with the KV)
+    ctx_fresh_ = nullptr;
+    const float scale = 1.0f / std::sqrt(float(D));
+    const int max_ctx = std::min(pool.n_pages() * pool.block(), 524288);
+    cuda::PagedKv kv;
+    kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
+    const bool split_ok = pool.dtype() != KvDType::F32 && (D == 64 || D == 128) && pool.block() % 16 == 0 &&
+                          nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
+    if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
+      kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
+      float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
+      if (fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
+      check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_), "attention_decode");
+      return;
+    }
+    // Small M (f32-KV decode, a short prefill tail): split over the sequence as well.
+    float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
+    const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
+                                                nkv, D, q, ldq, M, nh, pos, scale, out, st_, max_ctx, ws);
+    if (e == cudaErrorInvalidValue) bad("attention: head_dim " + std::to_string(D) + " (needs a multiple of 32, <= 256)");
+    check(e, "attention");
+  }
+  void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
+    flush();
+    p_silu_ = {a, b, M, n, y};
+  }
+  void add(float* x, const float* y, size_t n) override {
+    flush();
+    if (n) p_add_ = {x, y, n};
+  }
+  void argmax(const float* x, int n, int32_t* out) override {
+    flush();
+    check(cuda::argmax(x, n, out, st_), "argmax");
+  }
+
+  // ---- decode steps as CUDA graphs ----------------------------------------------------
+  bool step_begin(uint64_t key) override {
+    flush();
+    if (!graphs_on_) return false;
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) {
+      check(cudaGraphLaunch(it->second, st_), "cudaGraphLaunch");
+      return true;
+    }
+    if (seen_.insert(key).second) return false;  // the first step of a kind runs eagerly (allocations)
+    check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capturing_ = true;
+    return false;
+  }
+  void step_end(uint64_t key, bool ok) override {
+    if (ok) flush();
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(st_, &g);
+    if (!ok) {  // the step threw: drop the recording (its ops never ran)
+      if (g) cudaGraphDestroy(g);
+      seen_.erase(key);
+      return;
+    }
+    check(e, "cudaStreamEndCapture");
+    cudaGraphExec_t ex = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&ex, g, 0);
+    cudaGraphDestroy(g);
+    check(ie, "cudaGraphInstantiate");
+    graphs_[key] = ex;
+    check(cudaGraphLaunch(ex, st_), "cudaGraphLaunch");  // the captured ops have not run yet
+  }
+
+ private:
+  // ---- deferred ops (see the top of the file) ----
+  struct Add {
+    float* x = nullptr;
+    const float* y = nullptr;
+    size_t n = 0;
+  };
+  struct Norm {
+    float* x = nullptr;
+    const float* y = nullptr;  // a folded add, or null
+    const float* w = nullptr;
+    int M = 0, n = 0;
+    float eps = 0;
+    float* h = nullptr;
+  };
+  struct Silu {
+    const float *a = nullptr, *b = nullptr;
+    int M = 0, n = 0;
+    float* y = nullptr;
+  };
+  struct Rope {
+    float* x = nullptr;
+    int M = 0, nh = 0, D = 0, ld = 0;
+    const int32_t* pos = nullptr;
+    const float* inv = nullptr;
+  };
+  void flush() {
+    if (p_add_.n) {
+      const Add a = p_add_;
+      p_add_ = {};
+      check(cuda::add_inplace(a.x, a.y, a.n, st_), "add");
+    }
+    if (p_norm_.M) {
+      const Norm n = p_norm_;
+      p_norm_ = {};
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, n.M, n.n, n.eps, n.h, 0, nullptr, nullptr, nullptr, st_), "rmsnorm");
+    }
+    if (p_silu_.M) {
+      const Silu u = p_silu_;
+      p_silu_ = {};
+      check(cuda::silu_mul(u.a, u.b, u.M, u.n, u.n, u.y, st_), "silu_mul");
+    }
+    if (!p_rope_.empty()) {
+      const std::vector<Rope> r = p_rope_;
+      p_rope_.clear();
+      for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
+    }
+  }
+
+  // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
+  float* workspace(size_t floats) {
+    if (floats > ws_floats_) {
+      no_capture("attention workspace");
+      check(cudaStreamSynchronize(st_), "stream");
+      if (ws_) check(cudaFree(ws_), "cudaFree");
+      ws_ = nullptr;
+      check(cudaMalloc(&ws_, floats * sizeof(float)), "cudaMalloc");
+      ws_floats_ = floats;
+    }
+    return ws_;
+  }
+
+  void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    abort_capture();
+    throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+  }
+  [[noreturn]] void bad(const std::string& msg) {
+    abort_capture();
+    throw std::invalid_argument("cuda backend: " + msg);
+  }
+  void no_capture(const char* what) {
+    if (capturing_) bad(std::string(what) + " inside a captured decode step");
+  }
+  void abort_capture() {
+    p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st_, &g);
+    if (g) cudaGraphDestroy(g);
+    seen_.clear();
+  }
+
+  cudaStream_t st_ = nullptr;
+  int sms_ = 0;
+  bool pdl_ = env_on("KVDECK_CUDA_PDL", true);
+  bool graphs_on_ = env_on("KVDECK_CUDA_GRAPH", true);
+  bool capturing_ = false;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  std::unordered_set<uint64_t> seen_;
+  int32_t* ctx_ = nullptr;   // device: the decode step's context length
+  float* ws_ = nullptr;      // device: split-attention partials
+  static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
+  uint8_t* stage_ = nullptr;
+  size_t stage_used_ = 0;
+  const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
+  Add p_add_;
+  Norm p_norm_;
+  Silu p_silu_;
+  std::vector<Rope> p_rope_;
+  size_t ws_floats_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int threads) {
+  (void)threads;
+  return std::make_unique<CudaBackend>();
+}
+
+std::string cuda_device_status() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  if (n == 0) return "no CUDA device: the driver reports 0 devices";
+  return "";
+}
+
+}  // namespace kvdeck
