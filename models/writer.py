@@ -178,7 +178,11 @@ def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int],
     tied = bool(src.meta["tie_word_embeddings"])
     rounded: dict[str, np.ndarray] = {}  # GPTQ's layer linears, by safetensors name
     if fmt in ("nvfp4", "w4a8") and recipe.get("rounding") == "gptq":
-        from .quant.gptq import gptq_model
+        try:
+            from .quant.gptq import gptq_model  # torch: the pipeline's reference forward
+        except ImportError as e:
+            raise ModelError(f"{fmt}: rounding \"gptq\" runs the model over the calibration text with torch, "
+                             f"which is not importable ({e}); install torch, or convert with --rounding mse") from None
 
         rounded = gptq_model(src, fmt, recipe, log)
     out: dict[str, np.ndarray] = {}

@@ -28,11 +28,12 @@ def _layer(seed: int, N: int = 96, K: int = 256, n: int = 1024):
     return W.astype(np.float32), X.astype(np.float32)
 
 
+@pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("fmt", ["nvfp4", "w4a8"])
-def test_gptq_lowers_the_output_error_of_round_to_nearest(fmt):
+def test_gptq_lowers_the_output_error_of_round_to_nearest(fmt, act_order):
     W, X = _layer(1)
     X64 = torch.from_numpy(X).double()
-    entries, wq = gptq_linear(W, X64.T @ X64, fmt)
+    entries, wq = gptq_linear(W, X64.T @ X64, fmt, act_order=act_order)
     rtn = dequantize_linear(quantize_linear(W, fmt), fmt, W.shape[1])
     e_gptq, e_rtn = output_error(W, wq, X), output_error(W, rtn, X)
     assert e_gptq < 0.75 * e_rtn, f"{fmt}: GPTQ output error {e_gptq:.4g} vs round-to-nearest {e_rtn:.4g}"
