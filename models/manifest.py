@@ -15,6 +15,9 @@ and tool-call formats and the quantisation recipe. Schema (all keys required unl
     [quant]
     nvfp4_block = 16
     w4a8_group = 32
+    head = "w8a8"                          # optional words: see WORD_OPTIONS
+    embed = "w8a8"
+    rounding = "gptq"
 
 Loading needs only the standard library (``tomllib``; ``tomli`` on Python 3.10).
 """
@@ -33,7 +36,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
-__all__ = ["Manifest", "MANIFEST_DIR", "FORMATS", "SUPPORTED_ARCHS", "load_manifest",
+__all__ = ["Manifest", "MANIFEST_DIR", "FORMATS", "WORD_OPTIONS", "SUPPORTED_ARCHS", "load_manifest",
            "list_manifests", "parse_formats"]
 
 MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
@@ -41,6 +44,13 @@ FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: a GGUF source's own b
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 SOURCE_KINDS = ("pip-wheel", "hf-folder")
 DEFAULT_RECIPE = {"nvfp4_block": 16, "w4a8_group": 32}
+# [quant] keys that take a word (absent: the first choice's behaviour of converter_version 2):
+#   head:     the lm_head of nvfp4/w4a8 folders, "4bit" (the folder's format) or "w8a8"
+#   embed:    the embedding rows of nvfp4/w4a8/gguf folders, "f16" or "w8a8" (int8 rows, f16
+#             scale per 32; a tied w8a8 head then reads the same tensor: no lm_head is stored)
+#   rounding: nvfp4/w4a8 codes, "mse" (round to nearest on mse scales) or "gptq" (error-
+#             compensating rounding against the calibration text, models/quant/gptq.py)
+WORD_OPTIONS = {"head": ("4bit", "w8a8"), "embed": ("f16", "w8a8"), "rounding": ("mse", "gptq")}
 
 
 @dataclass(frozen=True)
@@ -112,12 +122,12 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
             _req(source, k, p, "source.")
     recipe = dict(DEFAULT_RECIPE)
     quant = dict(data.get("quant", {}))
-    head = quant.pop("head", None)  # "4bit" | "w8a8": the tied head of nvfp4/w4a8 folders
+    words = {k: quant.pop(k) for k in list(quant) if k in WORD_OPTIONS}
     recipe.update({k: int(v) for k, v in quant.items()})
-    if head is not None:
-        if head not in ("4bit", "w8a8"):
-            raise ModelError(f"{p}: quant.head must be \"4bit\" or \"w8a8\", got {head!r}")
-        recipe["head"] = head
+    for k, v in words.items():
+        if v not in WORD_OPTIONS[k]:
+            raise ModelError(f"{p}: quant.{k} must be one of {', '.join(map(repr, WORD_OPTIONS[k]))}, got {v!r}")
+        recipe[k] = v
     if recipe["nvfp4_block"] != 16:
         raise ModelError(f"{p}: quant.nvfp4_block must be 16 (NVFP4 fixes it), got {recipe['nvfp4_block']}")
     return Manifest(

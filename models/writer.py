@@ -114,7 +114,7 @@ def _exact(name: str, kind: str, data: np.ndarray, K: int) -> dict[str, np.ndarr
     return {prefix + "weight." + k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def convert_exact(src: ModelSource) -> dict[str, np.ndarray]:
+def convert_exact(src: ModelSource, recipe: dict | None = None) -> dict[str, np.ndarray]:
     """The gguf format: the source file's own blocks (module docstring)."""
     if src.blocks is None:
         raise ModelError(f"{src.name}: weight format 'gguf' keeps a GGUF file's own blocks; this source "
@@ -123,9 +123,13 @@ def convert_exact(src: ModelSource) -> dict[str, np.ndarray]:
 
     tied = bool(src.meta["tie_word_embeddings"])
     H = int(src.meta["hidden_size"])
+    recipe = recipe or {}
     out: dict[str, np.ndarray] = {}
     for name, kind, data in src.blocks():
-        if name == "model.embed_tokens.weight":  # [V, H]: f16 rows for the lookup
+        if name == "model.embed_tokens.weight" and kind == "Q8_0" and _embed_format("gguf", recipe) == "w8a8":
+            q = _exact(name, kind, data, H)  # the file's int8 rows: the lookup and (tied) the head
+            out.update(q)
+        elif name == "model.embed_tokens.weight":  # [V, H]: f16 rows for the lookup
             q = _exact(name, kind, data, H)
             if kind == "F32":
                 rows = data
@@ -158,20 +162,41 @@ def _head_format(fmt: str, recipe: dict) -> str:
     return "w8a8" if head == "w8a8" and fmt in ("nvfp4", "w4a8") else fmt
 
 
-def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, np.ndarray]:
+def _embed_format(fmt: str, recipe: dict) -> str:
+    """The embedding rows: "w8a8" (int8, f16 scale per 32) when the recipe says `embed = "w8a8"`
+    in a nvfp4 / w4a8 / gguf folder, else the dense rows of before (f16; f32 in the f32 folder)."""
+    return "w8a8" if recipe.get("embed") == "w8a8" and fmt in ("nvfp4", "w4a8", "gguf") else "dense"
+
+
+def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int],
+                    log: Callable[[str], None] = lambda s: None) -> dict[str, np.ndarray]:
     """Apply the per-tensor rules of the module docstring; returns the safetensors dict."""
     if fmt not in FORMATS:
         raise ModelError(f"unknown weight format {fmt!r}; known formats: {', '.join(FORMATS)}")
     if fmt == "gguf":
-        return convert_exact(src)
+        return convert_exact(src, recipe)
     tied = bool(src.meta["tie_word_embeddings"])
+    rounded: dict[str, np.ndarray] = {}  # GPTQ's layer linears, by safetensors name
+    if fmt in ("nvfp4", "w4a8") and recipe.get("rounding") == "gptq":
+        try:
+            from .quant.gptq import gptq_model  # torch: the pipeline's reference forward
+        except ImportError as e:
+            raise ModelError(f"{fmt}: rounding \"gptq\" runs the model over the calibration text with torch, "
+                             f"which is not importable ({e}); install torch, or convert with --rounding mse") from None
+
+        rounded = gptq_model(src, fmt, recipe, log)
     out: dict[str, np.ndarray] = {}
     for name, w in src.tensors():
         w = np.asarray(w)
         if name == "model.embed_tokens.weight":  # [V, H]
-            out[name] = np.ascontiguousarray(w.astype(np.float32 if fmt == "f32" else np.float16))
-            if tied and fmt in ("nvfp4", "w4a8"):
-                out.update(_quantize("lm_head.weight", w.astype(np.float32), _head_format(fmt, recipe), recipe))
+            emb8 = _embed_format(fmt, recipe) == "w8a8"
+            if emb8:
+                out.update(_quantize(name, w.astype(np.float32), "w8a8", recipe))
+            else:
+                out[name] = np.ascontiguousarray(w.astype(np.float32 if fmt == "f32" else np.float16))
+            head = _head_format(fmt, recipe)
+            if tied and fmt in ("nvfp4", "w4a8") and not (emb8 and head == "w8a8"):
+                out.update(_quantize("lm_head.weight", w.astype(np.float32), head, recipe))
         elif _is_norm(name) or name.endswith(".bias"):  # [H] / [head_dim] / [N]
             out[name] = np.ascontiguousarray(w, dtype=np.float32)
         elif _is_linear(name):  # [N, K]
@@ -179,15 +204,25 @@ def convert_tensors(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[
                 raise ModelError(f"{src.source.get('file', src.name)}: tensor {name} has shape {w.shape}, expected 2-D")
             if tied and name == "lm_head.weight":
                 continue  # tied: the embedding is the source of truth
-            out.update(_quantize(name, w, _head_format(fmt, recipe) if name == "lm_head.weight" else fmt, recipe))
+            pre = name[: -len("weight")]
+            got = {k: v for k, v in rounded.items() if k.startswith(pre + "weight.")}
+            out.update(got or _quantize(name, w, _head_format(fmt, recipe) if name == "lm_head.weight" else fmt, recipe))
         else:
             raise ModelError(f"{src.source.get('file', src.name)}: unexpected tensor {name!r} {tuple(w.shape)}")
     return out
 
 
 def _recipe_record(fmt: str, recipe: dict[str, int]) -> dict[str, Any]:
-    """config.json's weights.recipe: the manifest recipe, plus "scales" for nvfp4/w4a8."""
-    return dict(recipe, scales=SCALE_RECIPE) if fmt in ("nvfp4", "w4a8") else dict(recipe)
+    """config.json's weights.recipe: the manifest recipe, plus "scales" for nvfp4/w4a8 (and for
+    GPTQ the calibration text's name and sha256, so a changed text rebuilds the folder)."""
+    if fmt not in ("nvfp4", "w4a8"):
+        return dict(recipe)
+    rec = dict(recipe, scales=SCALE_RECIPE)
+    if recipe.get("rounding") == "gptq":
+        from .quant.gptq import calibration_record
+
+        rec["calibration"] = calibration_record()
+    return rec
 
 
 def build_config(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str, Any]:
@@ -205,7 +240,8 @@ def build_config(src: ModelSource, fmt: str, recipe: dict[str, int]) -> dict[str
     return cfg
 
 
-def write_format(src: ModelSource, fmt: str, out_root: str | Path, recipe: dict[str, int]) -> Path:
+def write_format(src: ModelSource, fmt: str, out_root: str | Path, recipe: dict[str, int],
+                 log: Callable[[str], None] = lambda s: None) -> Path:
     """Write ``<out_root>/<src.name>/<fmt>/`` atomically (temp folder + rename); returns it."""
     from safetensors.numpy import save_file
 
@@ -216,7 +252,7 @@ def write_format(src: ModelSource, fmt: str, out_root: str | Path, recipe: dict[
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        tensors = convert_tensors(src, fmt, recipe)
+        tensors = convert_tensors(src, fmt, recipe, log)
         save_file(tensors, str(tmp / "model.safetensors"),
                   metadata={"format": "pt", "kvdeck_format": fmt, "kvdeck_format_version": str(FORMAT_VERSION)})
         del tensors
@@ -252,7 +288,7 @@ def write_model(src: ModelSource, formats: tuple[str, ...], out_root: str | Path
         src = ModelSource(src.name, src.meta, lambda: iter(cached), src.tokenizer_json, src.source, src.f32_bytes,
                           src.blocks)
     for fmt in formats:
-        p = write_format(src, fmt, out_root, recipe)
+        p = write_format(src, fmt, out_root, recipe, log)
         log(f"wrote {p} ({folder_size(p) / 2**20:.1f} MiB)")
         paths.append(p)
     return paths

@@ -8,6 +8,7 @@ BENCHES = {
     "kernels": "app.bench.kernels",  # GEMV/GEMM per format and ISA, vs memcpy bandwidth
     "cpu": "app.bench.cpu",          # end-to-end prefill/decode tok/s vs llama.cpp, same cores
     "cache": "app.bench.cache",      # seed-000 agent task, prefix cache off vs on
+    "formats": "app.bench.formats",  # weight formats: folder MB, decode tok/s, top-1 and perplexity vs f32
     "soak": "app.bench.soak",        # one long agent session (--turns 200): failed turns, RSS, reuse, trims
     "gpu": "app.bench.gpu",          # the engine on a CUDA GPU: decode µs/token, prefill tok/s, 8B roofline
 }

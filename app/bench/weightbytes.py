@@ -61,18 +61,21 @@ def kvdeck_weight_bytes(folder: Path) -> WeightBytes:
     f = Path(folder) / "model.safetensors"
     hdr = _safetensors_header(f)
     size = {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in hdr.items()}
-    if KV_EMBED not in size:
-        raise ValueError(f"{f}: no tensor {KV_EMBED}")
-    rows = hdr[KV_EMBED]["shape"][0]
-    embed = size[KV_EMBED]
+    embed_keys = [k for k in size if k == KV_EMBED or k.startswith(KV_EMBED + ".")]  # rows, or int8 codes + scales
+    if not embed_keys:
+        raise ValueError(f"{f}: no tensor {KV_EMBED} (or {KV_EMBED}.codes)")
+    rows = hdr[embed_keys[0]]["shape"][0]
+    embed = sum(size[k] for k in embed_keys)
     head_keys = [k for k in size if k.startswith(KV_HEAD_PREFIX)]
     weights = json.loads((Path(folder) / "config.json").read_text()).get("weights", {})
     fmt = weights.get("format", "?")
     if head_keys:   # the head's own format when the recipe names one (e.g. an 8-bit head)
         head, kind = sum(size[k] for k in head_keys), weights.get("recipe", {}).get("head", fmt)
     else:
-        head, kind = embed, f"{hdr[KV_EMBED]['dtype']}, tied embedding"
-    layers = sum(v for k, v in size.items() if k != KV_EMBED and k not in head_keys)
+        codes = hdr.get(KV_EMBED + ".codes")
+        kind = "w8a8, tied embedding" if codes and codes["dtype"] == "I8" else f"{hdr[KV_EMBED]['dtype']}, tied embedding"
+        head = embed
+    layers = sum(v for k, v in size.items() if k not in embed_keys and k not in head_keys)
     return WeightBytes(head=head, layers=layers, embed_row=embed // rows, head_kind=kind, layers_kind=fmt)
 
 

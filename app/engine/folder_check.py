@@ -188,8 +188,9 @@ def check_weights(f: Path, cfg: ModelConfig) -> SafetensorsHeader:
     used = ["model.norm.weight"]
     _want(h, "model.norm.weight", ("F32",), (H,))
     fmt, names = _linear(h, "model.embed_tokens", V, H)
-    if fmt not in ("f32", "f16", "other"):
-        raise EngineError(f"{f}: model.embed_tokens.weight is {fmt}; the embedding must be f32 or f16 rows")
+    if fmt not in ("f32", "f16", "w8a8", "other"):
+        raise EngineError(f"{f}: model.embed_tokens.weight is {fmt}; the embedding must be f32 or f16 rows, "
+                          f"or w8a8 (int8 codes, f16 scale per 32)")
     used += names
     linears = []  # (format, name) of the layers' linears
     if any(n.startswith("lm_head.weight") for n in h.tensors):

@@ -139,6 +139,20 @@ void bind_backend(py::module_& m) {
              o.be().embed(w, o.put(ids), M, x);
              return o.get(x, {M, H});
            })
+      .def("embed_w8a8",  // an 8-bit table: int8 codes [V, Kp], f16 scales (as u16) [V, Kp/32]
+           [](BackendOps& o, const Arr<int8_t>& codes, const Arr<uint16_t>& scales, const Arr<int32_t>& ids, int H) {
+             Release r{o};
+             require(codes.ndim() == 2 && scales.ndim() == 2 && codes.shape(0) == scales.shape(0), "codes [V, Kp], scales [V, Kp/32]");
+             const int V = int(codes.shape(0)), Kp = int(codes.shape(1)), M = int(ids.size());
+             require(H > 0 && Kp == round_up(H, kQ8Block) && scales.shape(1) == Kp / kQ8Block, "Kp = H rounded up to 32");
+             for (int i = 0; i < M; ++i) require(ids.data()[i] >= 0 && ids.data()[i] < V, "id outside the table");
+             WeightView w;
+             w.dtype = DType::W8A8, w.N = V, w.K = H, w.Kp = Kp, w.group = kQ8Block;
+             w.data = o.put(codes), w.scales = o.put(scales);
+             float* x = o.scratch(size_t(M) * H);
+             o.be().embed(w, o.put(ids), M, x);
+             return o.get(x, {M, H});
+           })
       .def(
           "matmul",
           [](BackendOps& o, const Arr<float>& w, const Arr<float>& x, bool quantised_input) {

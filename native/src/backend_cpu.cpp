@@ -45,7 +45,11 @@ class CpuBackend final : public Backend {
     const int H = table.K;
     for (int m = 0; m < M; ++m) {
       const size_t off = static_cast<size_t>(ids[m]) * H;
-      if (table.dtype == DType::F32)
+      if (table.dtype == DType::W8A8)  // int8 rows, f16 scale per 32 (GGUF Q8_0 blocks)
+        cpu::w8a8_row_to_f32(static_cast<const int8_t*>(table.data) + static_cast<size_t>(ids[m]) * table.Kp,
+                             static_cast<const uint16_t*>(table.scales) + static_cast<size_t>(ids[m]) * (table.Kp / kQ8Block),
+                             x + static_cast<size_t>(m) * H, H);
+      else if (table.dtype == DType::F32)
         std::memcpy(x + static_cast<size_t>(m) * H, static_cast<const float*>(table.data) + off, sizeof(float) * H);
       else
         cpu::f16_to_f32_row(static_cast<const uint16_t*>(table.data) + off, x + static_cast<size_t>(m) * H, H);

@@ -141,8 +141,8 @@ void Engine::set_weights(ModelWeights w) {
   if (int(w.layers.size()) != c.n_layers)
     throw std::invalid_argument("weights: " + std::to_string(w.layers.size()) + " layers, config says " +
                                 std::to_string(c.n_layers));
-  if (w.embed.dtype != DType::F32 && w.embed.dtype != DType::F16)
-    throw std::invalid_argument("weights: embedding must be f32 or f16");
+  if (w.embed.dtype != DType::F32 && w.embed.dtype != DType::F16 && w.embed.dtype != DType::W8A8)
+    throw std::invalid_argument("weights: embedding must be f32 or f16 rows, or w8a8 (int8 rows, f16 scale per 32)");
   check_linear(w.embed, c.vocab, H, "model.embed_tokens");
   check_linear(w.lm_head, c.vocab, H, "lm_head");
   if (!w.final_norm) throw std::invalid_argument("weights: model.norm is missing");

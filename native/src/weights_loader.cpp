@@ -94,8 +94,11 @@ void WeightsBuilder::check_spec(const std::string& name, const HostTensor& t) co
     if (it == linears_.end()) break;
     const int N = it->second.N, K = it->second.K, Kp = round_up(K, kQuantPad);
     const std::string sfx = suffix;
-    if (it->first == "model.embed_tokens" && sfx != ".weight")
-      fail("tensor " + name + ": model.embed_tokens.weight must be f32 or f16 (not quantised)");
+    // The embedding: f32 / f16 rows, or int8 rows with f16 scales per 32 (w8a8, GGUF Q8_0).
+    if (it->first == "model.embed_tokens" && sfx != ".weight" &&
+        !(sfx == ".weight.codes" && t.dtype == "i8") && !(sfx == ".weight.scales" && t.dtype == "f16"))
+      fail("tensor " + name + ": model.embed_tokens must be f32 or f16 rows, or int8 codes with f16 scales");
+    if (it->first == "model.embed_tokens" && sfx == ".weight.scales") return expect(name, t, "f16", {N, Kp / kQ8Block});
     if (sfx == ".weight") {
       if (t.dtype != "f32" && t.dtype != "f16")
         fail("tensor " + name + " has dtype " + t.dtype + ", expected f32 or f16");

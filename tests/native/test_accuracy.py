@@ -2,13 +2,15 @@
 
 Thresholds come from measurement (this repo's eval texts, the default model):
 - weights (808-token edge_agents.txt, KV f32), top-1 agreement with the f32 engine and
-  perplexity: f32 34.42. With the 8-bit tied head (manifest [quant] head = "w8a8", since
-  2026-12-01): nvfp4 0.712 / 41.52 (1.21x); w4a8 0.702 / 42.90 (1.25x). With a 4-bit head
-  (2026-11-30): nvfp4 0.642 / 46.60 (1.35x); w4a8 0.652 / 45.60 (1.32x). The model is 135M
-  parameters and its source is already Q4_1, so a second 4-bit rounding costs a lot. We assert
-  top-1 >= 0.66 and ppl <= 1.32x f32: a margin for summation order across ISAs, while a
-  broken kernel, a 4-bit head or a bad recipe lands below (the DESIGN "amax" recipe measured
-  0.62/0.58 and 1.59x/1.64x; random codes give ~0). The gguf format: test_gguf_exact.py.
+  perplexity ratio, f32 34.42, measured 2026-12-01 (manifest recipe: 8-bit tied head and
+  embedding, GPTQ rounding against assets/calib/mixed.txt): nvfp4 0.776 / 1.143x, w4a8
+  0.719 / 1.190x. Before (mse round-to-nearest): nvfp4 0.705 / 1.211x, w4a8 0.698 / 1.244x;
+  with a 4-bit head as well: 0.642 / 1.35x, 0.652 / 1.32x. The source is already Q4_1 and
+  the model has 135M parameters, so a second 4-bit rounding costs a lot. Asserted per format
+  with a margin for summation order across ISAs: nvfp4 >= 0.74 and <= 1.18x, w4a8 >= 0.69
+  and <= 1.22x; round-to-nearest folders (no GPTQ) fail them (nvfp4 on top-1, w4a8 on
+  perplexity), as do a broken kernel, a 4-bit head or the "amax" recipe (0.62/0.58,
+  1.59x/1.64x). The gguf format: test_gguf_exact.py.
 - KV (2121 tokens: both texts, nvfp4 weights): nvfp4 KV vs f16 KV top-1 0.817, perplexity
   +10%; asserted >= 0.75 and <= 1.15x. f16 KV vs f32 KV: top-1 0.996, asserted >= 0.98.
 """
@@ -48,13 +50,13 @@ def test_eval_text_is_long_enough(text_ids):
     assert len(text_ids) >= 512
 
 
-@pytest.mark.parametrize("weights", ["nvfp4", "w4a8"])
-def test_quantised_weights_track_f32(engine, text_ids, f32_logits, weights):
+@pytest.mark.parametrize("weights,min_top1,max_ratio", [("nvfp4", 0.74, 1.18), ("w4a8", 0.69, 1.22)])
+def test_quantised_weights_track_f32(engine, text_ids, f32_logits, weights, min_top1, max_ratio):
     q = engine(weights, "f32").logits(text_ids)
     top1 = (q.argmax(-1) == f32_logits.argmax(-1)).mean()
     ratio = ppl(q, text_ids) / ppl(f32_logits, text_ids)
-    assert top1 >= 0.66, f"{weights}: top-1 agreement with f32 {top1:.3f}"
-    assert ratio <= 1.32, f"{weights}: perplexity {ratio:.3f}x f32"
+    assert top1 >= min_top1, f"{weights}: top-1 agreement with f32 {top1:.3f}"
+    assert ratio <= max_ratio, f"{weights}: perplexity {ratio:.3f}x f32"
 
 
 def test_f16_kv_tracks_f32_kv(engine, text_ids, f32_logits):

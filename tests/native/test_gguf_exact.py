@@ -4,10 +4,14 @@ Oracles we did not write: gguf-py quantises and dequantises the blocks (llama.cp
 the engine's f32 folder is that dequantisation run in float32 (itself checked against
 transformers in test_parity.py).
 
-Measured 2026-12-01 on edge_agents.txt (808 tokens), the default model, KV f32, top-1 agreement
-with the f32 engine / perplexity ratio: gguf 0.959 / 1.0057; w4a8 0.651 / 1.32; nvfp4 0.647 /
-1.36. What remains is the int8 activations (a dense f16 head instead of the file's Q8_0 head
-gives 0.968 on the first 400 tokens). Asserted: top-1 >= 0.93 and perplexity within 2%.
+Measured 2026-12-01, the default model, KV f32, top-1 agreement with the f32 engine /
+perplexity ratio (edge_agents.txt 808 tokens; both eval texts 2120 tokens): gguf with its
+Q8_0 embedding rows (manifest embed = "w8a8") 0.955 / 1.007 (0.957 / 1.009); with f16 rows
+0.959 / 1.006 (0.960 / 1.005); llama.cpp on the same GGUF 0.959 / 1.001 (0.965 / 1.007).
+What remains is the int8 activations: the same rounding simulated in a float32 forward
+(exact weights) gives 0.963 / 1.002, and rounding only the head's or only the layers'
+inputs 0.973 / 0.974; moving one activation across a rounding tie moves top-1 by ~0.005.
+Asserted: top-1 >= 0.94 and perplexity within 1.5%.
 """
 
 from __future__ import annotations
@@ -116,18 +120,35 @@ def test_gguf_folder_is_the_source_model(root, engine, eval_ids):
     g = load_engine(root, weights="gguf").logits(eval_ids)
     top1 = (g.argmax(-1) == f32.argmax(-1)).mean()
     ratio = ppl(g, eval_ids) / ppl(f32, eval_ids)
-    assert top1 >= 0.93, f"gguf: top-1 agreement with f32 {top1:.3f}"
-    assert ratio <= 1.02, f"gguf: perplexity {ratio:.4f}x f32"
+    assert top1 >= 0.94, f"gguf: top-1 agreement with f32 {top1:.3f}"
+    assert ratio <= 1.015, f"gguf: perplexity {ratio:.4f}x f32"
+
+
+def _head_codes(f, names):
+    """The int8 codes the tied head runs on: its own, or (recipe embed = "w8a8") the embedding's."""
+    if "lm_head.weight.codes" in names:
+        return f.get_tensor("lm_head.weight.codes")
+    assert not any(n.startswith("lm_head") for n in names)
+    return f.get_tensor("model.embed_tokens.weight.codes")
 
 
 def test_gguf_folder_holds_the_files_own_blocks(root):
+    import json
+
     from safetensors import safe_open
 
+    recipe = json.loads((root / "gguf" / "config.json").read_text())["weights"]["recipe"]
     with safe_open(str(root / "gguf" / "model.safetensors"), framework="numpy") as f:
         names = set(f.keys())
         assert "model.layers.0.self_attn.q_proj.weight.mins" in names  # Q4_1 kept with its minimums
-        assert f.get_tensor("lm_head.weight.codes").dtype == np.int8  # the Q8_0 embedding as the head
+        assert _head_codes(f, names).dtype == np.int8  # the Q8_0 embedding as the head
         assert not any(n.endswith(".tscale") for n in names)
+        if recipe.get("embed") == "w8a8":  # the file's Q8_0 rows are the lookup table, exactly
+            src = gguf.GGUFReader(sorted((root.parent / "_downloads").glob("*Q4_1.gguf"))[0])
+            emb = next(t for t in src.tensors if t.name == "token_embd.weight")
+            want = q8_0_to_w8a8(np.asarray(emb.data, np.uint8), int(emb.shape[1]), int(emb.shape[0]))
+            np.testing.assert_array_equal(f.get_tensor("model.embed_tokens.weight.codes"), want["codes"])
+            np.testing.assert_array_equal(f.get_tensor("model.embed_tokens.weight.scales"), want["scales"])
 
 
 # ============================================================================
@@ -152,5 +173,6 @@ def test_4bit_folders_carry_an_8bit_head(root, fmt):
     from safetensors import safe_open
 
     with safe_open(str(root / fmt / "model.safetensors"), framework="numpy") as f:
-        assert f.get_tensor("lm_head.weight.codes").dtype == np.int8
-        assert "model.layers.0.mlp.up_proj.weight.codes" in set(f.keys())
+        names = set(f.keys())
+        assert _head_codes(f, names).dtype == np.int8
+        assert "model.layers.0.mlp.up_proj.weight.codes" in names

@@ -33,13 +33,27 @@ class NumpyLlama:
             if prefix + ".weight" in self.t:
                 w = self.t[prefix + ".weight"].astype(np.float64)
             elif prefix == "lm_head" and not any(k.startswith("lm_head") for k in self.t):
-                w = self.t["model.embed_tokens.weight"].astype(np.float64)
+                w = self.embedding()
             else:
                 entries = {k[len(prefix) + 1:]: v for k, v in self.t.items() if k.startswith(prefix + ".weight")}
-                fmt = "nvfp4" if "weight.tscale" in entries else "w4a8"
-                w = dequantize_linear(entries, fmt, K).astype(np.float64)
+                if entries["weight.codes"].dtype == np.int8:  # w8a8
+                    w = (np.repeat(entries["weight.scales"].astype(np.float64), 32, axis=1) * entries["weight.codes"])[:, :K]
+                elif "weight.mins" in entries:  # w4a8 + GGUF Q4_1 minimums
+                    from models.quant.gguf_blocks import dequantize_w4a8
+
+                    w = dequantize_w4a8(entries["weight.codes"], entries["weight.scales"], entries["weight.mins"])[:, :K].astype(np.float64)
+                else:
+                    fmt = "nvfp4" if "weight.tscale" in entries else "w4a8"
+                    w = dequantize_linear(entries, fmt, K).astype(np.float64)
             self._w[prefix] = w
         return self._w[prefix]
+
+    def embedding(self) -> np.ndarray:
+        """f64 [V, H]: f32 / f16 rows, or int8 codes with an f16 scale per 32 (w8a8)."""
+        if "model.embed_tokens.weight" in self.t:
+            return self.t["model.embed_tokens.weight"].astype(np.float64)
+        codes, scales = self.t["model.embed_tokens.weight.codes"], self.t["model.embed_tokens.weight.scales"]
+        return (np.repeat(scales.astype(np.float64), 32, axis=1) * codes)[:, : self.H]
 
     def vec(self, name: str) -> np.ndarray:
         return self.t[name].astype(np.float64)
@@ -60,7 +74,7 @@ class NumpyLlama:
         """f64 [T, V] logits of every position."""
         c, H, D, nh, nkv = self.cfg, self.H, self.D, self.nh, self.nkv
         T = len(ids)
-        x = self.t["model.embed_tokens.weight"].astype(np.float64)[ids]  # [T, H]
+        x = self.embedding()[ids]  # [T, H]
         mask = np.triu(np.full((T, T), -np.inf), 1)
         for layer in range(c["num_hidden_layers"]):
             p = f"model.layers.{layer}."

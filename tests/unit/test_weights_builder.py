@@ -86,7 +86,7 @@ def test_strided_input_is_copied_in_row_major_order():
         (lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight.codes", np.zeros((H, F // 2), np.uint8)),
          r"tensor model\.layers\.0\.mlp\.down_proj\.weight\.codes is not used"),
         (lambda t: t.__setitem__("model.embed_tokens.weight.codes", np.zeros((V, H // 2), np.uint8)),
-         r"model\.embed_tokens\.weight must be f32 or f16"),
+         r"model\.embed_tokens must be f32 or f16 rows, or int8 codes"),
     ],
 )
 def test_bad_tensors_are_named(edit, message):

@@ -41,6 +41,8 @@ class Backend {
 
   // ---- ops (shapes in comments; row-major) ----------------------------------------
   // x[m, :] = table[ids[m], :]                       ids: i32 [M], x: f32 [M, H]
+  // table: F32 / F16 [V, H], or W8A8 (int8 codes [V, Kp], f16 scales [V, Kp/32]: row r's
+  // value j is f32(scales[r, j/32]) * codes[r, j]); a tied W8A8 table is also the lm_head.
   virtual void embed(const WeightView& table, const int32_t* ids, int M, float* x) = 0;
   // y[m, :] = x[m, :] / rms(x[m, :]) * w             x, y: f32 [M, n], w: f32 [n]
   virtual void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) = 0;

@@ -39,7 +39,7 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  WeightView embed;                   // F32 or F16 [V, H] (row lookup)
+  WeightView embed;                   // F32, F16 or W8A8 [V, H] (row lookup)
   const float* final_norm = nullptr;  // [H]
   WeightView lm_head;                 // [V, H]; the embedding itself when tied
   std::vector<LayerWeights> layers;   // [L]

@@ -20,6 +20,9 @@ void silu_mul_row(const float* a, const float* b, int n, float* y);
 // f16 → f32 for n values (F16C where the CPU has it)
 void f16_to_f32_row(const uint16_t* h, float* f, int n);
 void f32_to_f16_row(const float* f, uint16_t* h, int n);
+// One int8 row with an f16 scale per 32 (W8A8 / GGUF Q8_0) → f32: f[j] = f32(d[j/32]) * q[j],
+// j < n (the embedding lookup of an 8-bit table).      q: i8 [n]; d: f16 [ceil(n/32)]
+void w8a8_row_to_f32(const int8_t* q, const uint16_t* d, float* f, int n);
 
 // NVFP4 KV rows: u8 codes [D/2] (element 2i low nibble) then E4M3 scales [D/16]; per block
 // of 16: s = e4m3(amax/6), q = e2m1(x / decode(s)) (0 where decode(s) == 0); tensor scale 1.

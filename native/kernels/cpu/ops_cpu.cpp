@@ -1,6 +1,7 @@
 // Row kernels of the CPU backend: RMSNorm, RoPE, SiLU·mul, f16 conversion.
 // Plain loops written for the auto-vectoriser; on x86 each hot one is cloned for AVX-512
 // and AVX2 and the loader picks a clone at run time (no -march flags anywhere).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -86,6 +87,13 @@ void f16_to_f32_row(const uint16_t* h, float* f, int n) {
   if (kHasF16C) return f16_to_f32_f16c(h, f, n);
 #endif
   for (int i = 0; i < n; ++i) f[i] = f16_to_f32(h[i]);
+}
+
+void w8a8_row_to_f32(const int8_t* q, const uint16_t* d, float* f, int n) {
+  for (int b = 0; b * 32 < n; ++b) {
+    const float s = f16_to_f32(d[b]);
+    for (int j = b * 32, e = std::min(n, j + 32); j < e; ++j) f[j] = s * static_cast<float>(q[j]);
+  }
 }
 
 void f32_to_f16_row(const float* f, uint16_t* h, int n) {
