@@ -119,7 +119,11 @@ class CudaBackend final : public Backend {
   // ---- ops ------------------------------------------------------------------------
   void embed(const WeightView& table, const int32_t* ids, int M, float* x) override {
     flush();
-    if (table.dtype != DType::F32 && table.dtype != DType::F16) bad("embed: the table must be f32 or f16");
+    if (table.dtype == DType::W8A8) {
+      check(cuda::embed_rows_w8a8(table.data, table.scales, ids, M, table.K, table.Kp, x, st_), "embed");
+      return;
+    }
+    if (table.dtype != DType::F32 && table.dtype != DType::F16) bad("embed: the table must be f32, f16 or w8a8");
     check(cuda::embed_rows(table.data, table.dtype == DType::F16, ids, M, table.K, x, st_), "embed");
   }
   void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) override {

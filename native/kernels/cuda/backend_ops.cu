@@ -26,6 +26,16 @@ __global__ void embed_kernel(const void* __restrict__ table, bool f16, const int
                                : static_cast<const float*>(table)[row + i];
 }
 
+// An 8-bit table (W8A8 / GGUF Q8_0 rows): int8 codes [V, Kp], f16 scales [V, Kp/32];
+// value j of row r = f32(scale[r, j/32]) * code[r, j] (one product: the CPU's exact result).
+__global__ void embed_w8a8_kernel(const int8_t* __restrict__ codes, const __half* __restrict__ scales,
+                                  const int32_t* __restrict__ ids, int H, int Kp, float* __restrict__ x) {
+  const int m = blockIdx.y;
+  const size_t r = size_t(ids[m]);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+    x[size_t(m) * H + i] = __half2float(scales[r * (Kp / 32) + i / 32]) * float(codes[r * Kp + i]);
+}
+
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
@@ -275,6 +285,15 @@ cudaError_t embed_rows(const void* table, bool f16, const int32_t* ids, int M, i
   if (M < 1 || M > 65535 || H < 1) return cudaErrorInvalidValue;
   const int bx = (H + 255) / 256 < 8 ? (H + 255) / 256 : 8;
   embed_kernel<<<dim3(bx, M), 256, 0, stream>>>(table, f16, ids, H, x);
+  return cudaGetLastError();
+}
+
+cudaError_t embed_rows_w8a8(const void* codes, const void* scales, const int32_t* ids, int M, int H, int Kp,
+                            float* x, cudaStream_t stream) {
+  if (M < 1 || M > 65535 || H < 1 || Kp < H || Kp % 32) return cudaErrorInvalidValue;
+  const int bx = (H + 255) / 256 < 8 ? (H + 255) / 256 : 8;
+  embed_w8a8_kernel<<<dim3(bx, M), 256, 0, stream>>>(static_cast<const int8_t*>(codes),
+                                                     static_cast<const __half*>(scales), ids, H, Kp, x);
   return cudaGetLastError();
 }
 

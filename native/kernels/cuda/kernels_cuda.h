@@ -210,6 +210,9 @@ cudaError_t w4a8_mins_add(const uint16_t* mins, const uint16_t* scales, int N, i
 
 // x[m, :] = table[ids[m], :] (f32 or f16 table [V, H]; ids are not range-checked here).
 cudaError_t embed_rows(const void* table, bool f16, const int32_t* ids, int M, int H, float* x, cudaStream_t stream);
+// 8-bit rows (W8A8): codes i8 [V, Kp], scales f16 [V, Kp/32]; x f32 [M, H].
+cudaError_t embed_rows_w8a8(const void* codes, const void* scales, const int32_t* ids, int M, int H, int Kp,
+                            float* x, cudaStream_t stream);
 // x[i] += y[i], i < n.
 cudaError_t add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
 // x[m * ld + j] += b[j].
