@@ -1,0 +1,238 @@
+// attention_prefill_avx2.cpp — prefill attention: many query rows over the pages of one
+// segment, flash-attention style (AVX2 + FMA + F16C; compiled with -mavx2 -mfma -mf16c).
+//
+// A page's K is transposed once into Kt [D, keys] and shared by every row of the tile (the
+// queries of a tile times the G query heads of the KV head: GQA). Scores come from a 4-row ×
+// 16-key micro-kernel (q broadcast, Kt rows as vectors of 8 keys: no horizontal adds), the
+// online softmax update runs per row, and o += p·V runs on two rows at once so each V load
+// feeds two FMAs. The arithmetic is page_step's (attention_avx2.cpp) operation for operation:
+// lane l of a score is the FMA chain over q[8c+l]·k[8c+l], c ascending, and the 8 lanes are
+// added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) as its hadd tree does; the softmax and the
+// o update are the same expressions. So a prefill equals decode bit for bit.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/attention_avx2.h"
+#include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/vec_avx2.h"
+#include "kvdeck/ops_cpu.h"
+
+namespace kvdeck::cpu {
+namespace {
+using attn_avx2::hmax;
+using attn_avx2::page_rows;
+
+constexpr int kRows = 4;  // rows per score micro-kernel
+
+// ============================================================================
+// Kt [D, kp] (kp = keys rounded up to 16) from n rows of K (row stride ks); keys >= n are 0.
+// ============================================================================
+template <int D>
+void transpose_k(const float* K, size_t ks, int n, int kp, float* kt) {
+  alignas(32) static const float zero[D] = {};
+  for (int j0 = 0; j0 < kp; j0 += 8) {
+    const float* r[8];
+    for (int j = 0; j < 8; ++j) r[j] = j0 + j < n ? K + size_t(j0 + j) * ks : zero;
+    for (int c = 0; c < D; c += 8) {  // an 8x8 block: rows j0.., columns c..
+      __m256 a[8], b[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(r[j] + c);
+      for (int j = 0; j < 8; j += 2) {
+        b[j] = _mm256_unpacklo_ps(a[j], a[j + 1]);
+        b[j + 1] = _mm256_unpackhi_ps(a[j], a[j + 1]);
+      }
+      for (int j = 0; j < 8; j += 4) {
+        a[j] = _mm256_shuffle_ps(b[j], b[j + 2], 0x44);
+        a[j + 1] = _mm256_shuffle_ps(b[j], b[j + 2], 0xEE);
+        a[j + 2] = _mm256_shuffle_ps(b[j + 1], b[j + 3], 0x44);
+        a[j + 3] = _mm256_shuffle_ps(b[j + 1], b[j + 3], 0xEE);
+      }
+      for (int j = 0; j < 4; ++j) {
+        b[j] = _mm256_permute2f128_ps(a[j], a[j + 4], 0x20);
+        b[j + 4] = _mm256_permute2f128_ps(a[j], a[j + 4], 0x31);
+      }
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(kt + size_t(c + i) * kp + j0, b[i]);
+    }
+  }
+}
+
+// ============================================================================
+// Scores of 4 rows × 16 keys (keys k0.. of Kt), scaled, masked past nr[r]: S[r][k0 ..].
+// ============================================================================
+template <int D>
+inline void scores_4x16(const float* const* q, const float* kt, int kp, int k0, const int* nr, float scale,
+                        float* S /*[kRows][64]*/) {
+  __m256 part[8][kRows][2];  // per lane l: the FMA chain over c
+  for (int l = 0; l < 8; ++l) {
+    __m256 acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int c = 0; c < D / 8; ++c) {
+      const float* krow = kt + size_t(8 * c + l) * kp + k0;
+      const __m256 ka = _mm256_load_ps(krow), kb = _mm256_load_ps(krow + 8);
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 qb = _mm256_broadcast_ss(q[r] + 8 * c + l);
+        acc[r][0] = _mm256_fmadd_ps(qb, ka, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(qb, kb, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) part[l][r][0] = acc[r][0], part[l][r][1] = acc[r][1];
+  }
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int r = 0; r < kRows; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 lo = _mm256_add_ps(_mm256_add_ps(part[0][r][h], part[1][r][h]),
+                                      _mm256_add_ps(part[2][r][h], part[3][r][h]));
+      const __m256 hi = _mm256_add_ps(_mm256_add_ps(part[4][r][h], part[5][r][h]),
+                                      _mm256_add_ps(part[6][r][h], part[7][r][h]));
+      const __m256 sc = _mm256_mul_ps(_mm256_add_ps(lo, hi), vscale);
+      const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(float(nr[r] - k0 - 8 * h)), _CMP_LT_OQ);
+      _mm256_store_ps(S + r * 64 + k0 + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, valid));
+    }
+}
+
+// The online softmax update of one row over its nr scores S (page_step's expressions):
+// m, l updated, P = e^(S - m_new) (0 where masked); returns alpha.
+inline float softmax_update(const float* S, int nr, float* m, float* l, float* P) {
+  const int ng = (nr + 7) / 8;
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int gi = 0; gi < ng; ++gi) vmax = _mm256_max_ps(vmax, _mm256_load_ps(S + 8 * gi));
+  const float mx = hmax(vmax);
+  const float m_new = mx > *m ? mx : *m;
+  const float alpha = flush_exp(*m - m_new);
+  __m256 psum = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m_new);
+  for (int gi = 0; gi < ng; ++gi) {
+    const __m256 s = _mm256_load_ps(S + 8 * gi);
+    const __m256 valid = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s, vm)), valid);
+    _mm256_store_ps(P + 8 * gi, e);
+    psum = _mm256_add_ps(psum, e);
+  }
+  *l = *l * alpha + hsum(psum);
+  *m = m_new;
+  return alpha;
+}
+
+// ============================================================================
+// o = o·alpha + Σ_{t < n} p_t v_t for one row, or two rows sharing the V loads (32 columns at
+// a time: 8 accumulators); per element the same FMA chain as page_step.
+// ============================================================================
+template <int D>
+inline void pv_one(const float* V, size_t vs, const float* P, int n, float alpha, float* o) {
+  constexpr int Dv = D / 8;
+  __m256 acc[Dv];
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (int c = 0; c < Dv; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * c), va);
+  for (int t = 0; t < n; ++t) {
+    const __m256 pt = _mm256_broadcast_ss(P + t);
+    for (int c = 0; c < Dv; ++c) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(V + t * vs + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < Dv; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+
+template <int D>
+inline void pv_two(const float* V, size_t vs, const float* P0, const float* P1, int n0, int n1, float a0, float a1,
+                   float* o0, float* o1) {
+  const int nc = n0 < n1 ? n0 : n1;
+  for (int c0 = 0; c0 < D; c0 += 32) {
+    const int w = D - c0 < 32 ? (D - c0) / 8 : 4;
+    __m256 x[4], y[4];
+    for (int c = 0; c < w; ++c) {
+      x[c] = _mm256_mul_ps(_mm256_loadu_ps(o0 + c0 + 8 * c), _mm256_set1_ps(a0));
+      y[c] = _mm256_mul_ps(_mm256_loadu_ps(o1 + c0 + 8 * c), _mm256_set1_ps(a1));
+    }
+    int t = 0;
+    for (; t < nc; ++t) {
+      const __m256 p0 = _mm256_broadcast_ss(P0 + t), p1 = _mm256_broadcast_ss(P1 + t);
+      for (int c = 0; c < w; ++c) {
+        const __m256 v = _mm256_loadu_ps(V + t * vs + c0 + 8 * c);
+        x[c] = _mm256_fmadd_ps(p0, v, x[c]);
+        y[c] = _mm256_fmadd_ps(p1, v, y[c]);
+      }
+    }
+    for (int u = t; u < n0; ++u)
+      for (int c = 0; c < w; ++c)
+        x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P0 + u), _mm256_loadu_ps(V + u * vs + c0 + 8 * c), x[c]);
+    for (int u = t; u < n1; ++u)
+      for (int c = 0; c < w; ++c)
+        y[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P1 + u), _mm256_loadu_ps(V + u * vs + c0 + 8 * c), y[c]);
+    for (int c = 0; c < w; ++c) {
+      _mm256_storeu_ps(o0 + c0 + 8 * c, x[c]);
+      _mm256_storeu_ps(o1 + c0 + 8 * c, y[c]);
+    }
+  }
+}
+
+// ============================================================================
+// R rows of one segment starting at t0 that share its pages: row r ends at end[r].
+// ============================================================================
+template <int D>
+void segment_rows(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0, float scale,
+                  float* const* o, float* const* m, float* const* l, float* tile) {
+  const int B = kv.block, kp = (B + 15) / 16 * 16;
+  int t1 = t0;
+  for (int r = 0; r < R; ++r) t1 = end[r] > t1 ? end[r] : t1;
+  float* ktile = tile;
+  float* vtile = tile + size_t(B) * D;
+  alignas(32) float kt[D * 64];           // Kt [D, kp]
+  alignas(32) float S[kRows * 64], P[kRows * 64];
+  for (int r = 0; r < R; ++r) {
+    *m[r] = -INFINITY, *l[r] = 0.0f;
+    std::memset(o[r], 0, sizeof(float) * D);
+  }
+  for (int ps = t0; ps < t1; ps += B) {
+    const int n = t1 - ps < B ? t1 - ps : B;
+    const int page = kv.pages[ps / B];
+    if (ps + B < t1) attn_avx2::prefetch_page(kv, kv.pages[ps / B + 1]);
+    const float *K, *V;
+    const size_t ks = page_rows<D>(kv, kv.k, kv.fresh_k, page, ps, g, n, ktile, &K);
+    const size_t vs = page_rows<D>(kv, kv.v, kv.fresh_v, page, ps, g, n, vtile, &V);
+    const int kn = (n + 15) / 16 * 16;
+    transpose_k<D>(K, ks, n, kp, kt);
+    for (int r0 = 0; r0 < R; r0 += kRows) {
+      const float* qr[kRows];
+      int nr[kRows], any = 0;
+      for (int i = 0; i < kRows; ++i) {
+        const int r = r0 + i < R ? r0 + i : R - 1;
+        qr[i] = q[r];
+        const int e = r0 + i < R ? end[r] - ps : 0;  // keys of this page the row sees
+        nr[i] = e < 0 ? 0 : (e < n ? e : n);
+        any |= nr[i];
+      }
+      if (!any) continue;
+      for (int k0 = 0; k0 < kn; k0 += 16) scores_4x16<D>(qr, kt, kp, k0, nr, scale, S);
+      float alpha[kRows];
+      for (int i = 0; i < kRows; ++i)
+        if (nr[i] > 0) alpha[i] = softmax_update(S + i * 64, nr[i], m[r0 + i], l[r0 + i], P + i * 64);
+      for (int i = 0; i < kRows; i += 2) {
+        const bool a = nr[i] > 0, b = nr[i + 1] > 0;
+        if (a && b)
+          pv_two<D>(V, vs, P + i * 64, P + (i + 1) * 64, nr[i], nr[i + 1], alpha[i], alpha[i + 1], o[r0 + i],
+                    o[r0 + i + 1]);
+        else if (a)
+          pv_one<D>(V, vs, P + i * 64, nr[i], alpha[i], o[r0 + i]);
+        else if (b)
+          pv_one<D>(V, vs, P + (i + 1) * 64, nr[i + 1], alpha[i + 1], o[r0 + i + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
+                         float scale, float* const* o, float* const* m, float* const* l, float* tile) {
+  switch (kv.D) {
+    case 64: segment_rows<64>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
+    case 128: segment_rows<128>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
+    case 32: segment_rows<32>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
+    case 96: segment_rows<96>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
+    default: return false;
+  }
+}
+
+}  // namespace kvdeck::cpu
+#endif  // __x86_64__
