@@ -25,14 +25,18 @@ namespace {
 using attn_avx2::hmax;
 using attn_avx2::page_rows;
 
-// Scores of 8 keys: lane j = q · k[j] (k rows of D floats, row stride ks).
-template <int D>
-inline __m256 dot8(const float* q, const float* k, size_t ks) {
+// 8 values of a K/V row as f32: f32 rows as they are, f16 rows widened in the register (exact).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// Scores of 8 keys: lane j = q · k[j] (k rows of D values, row stride ks).
+template <int D, typename T>
+inline __m256 dot8(const float* q, const T* k, size_t ks) {
   __m256 a[8];
   for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
   for (int c = 0; c < D; c += 8) {
     const __m256 qc = _mm256_loadu_ps(q + c);
-    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + j * ks + c), a[j]);
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qc, load8(k + j * ks + c), a[j]);
   }
   // hadd tree: 8 accumulators -> [sum a0 .. sum a7]; lane j = ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))
   const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
@@ -45,8 +49,9 @@ inline __m256 dot8(const float* q, const float* k, size_t ks) {
 // softmax update of (m, l), then o = o * alpha + sum_t p_t v_t with o [D] in registers.
 // D is a template parameter so the score accumulators and o [D] stay in registers (a run-
 // time D left them on the stack: every FMA became a load + store).
-template <int D>
-inline void page_step(const float* qh, const float* K, size_t ks, const float* V, size_t vs, int n, float scale,
+// K, V: f32 rows, or f16 rows of the pool read in place (T = uint16_t: no widened tile).
+template <int D, typename T>
+inline void page_step(const float* qh, const T* K, size_t ks, const T* V, size_t vs, int n, float scale,
                       float* oh, float* m, float* l, float* kpad /*[8, D] zeros*/, float* p /*[64]*/) {
   constexpr int Dv = D / 8;
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -57,13 +62,16 @@ inline void page_step(const float* qh, const float* K, size_t ks, const float* V
   __m256 vmax = _mm256_set1_ps(-INFINITY);
   for (int gi = 0; gi < ng; ++gi) {
     const int j0 = gi * 8;
-    const float* kr = K + j0 * ks;
-    size_t stride = ks;
-    if (j0 + 8 > n) {  // partial group: copy the valid rows next to zero rows
-      for (int j = 0; j < n - j0; ++j) std::memcpy(kpad + j * D, kr + j * ks, sizeof(float) * D);
-      kr = kpad, stride = D;
+    const T* kr = K + j0 * ks;
+    __m256 dot;
+    if (j0 + 8 > n) {  // partial group: the valid rows (as f32) next to zero rows
+      for (int j = 0; j < n - j0; ++j)
+        for (int c = 0; c < D; c += 8) _mm256_store_ps(kpad + j * D + c, load8(kr + j * ks + c));
+      dot = dot8<D>(qh, static_cast<const float*>(kpad), size_t(D));
+    } else {
+      dot = dot8<D>(qh, kr, ks);
     }
-    __m256 sc = _mm256_mul_ps(dot8<D>(qh, kr, stride), vscale);
+    __m256 sc = _mm256_mul_ps(dot, vscale);
     const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(float(n - j0)), _CMP_LT_OQ);
     sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, valid);
     s[gi] = sc;
@@ -91,8 +99,8 @@ inline void page_step(const float* qh, const float* K, size_t ks, const float* V
   for (int c = 0; c < Dv; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(oh + 8 * c), va);
   for (int t = 0; t < n; ++t) {
     const __m256 pt = _mm256_broadcast_ss(p + t);
-    const float* vt = V + t * vs;
-    for (int c = 0; c < Dv; ++c) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+    const T* vt = V + t * vs;
+    for (int c = 0; c < Dv; ++c) acc[c] = _mm256_fmadd_ps(pt, load8(vt + 8 * c), acc[c]);
   }
   for (int c = 0; c < Dv; ++c) _mm256_storeu_ps(oh + 8 * c, acc[c]);
 }
@@ -116,12 +124,21 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
     if (ps + B < t1) attn_avx2::prefetch_page(kv, kv.pages[ps / B + 1]);
+    const bool in_place16 = kv.dtype == KvDType::F16 && !(kv.fresh_k && ps + n > kv.fresh0);
     for (int g = g0; g < g1; ++g) {
+      const float* qh = q + (g - g0) * qg;
+      float *oh = o + (g - g0) * og, *mh = m + (g - g0) * mg, *lh = l + (g - g0) * mg;
+      if (in_place16) {  // f16 rows widened in registers as they are used (no tile stores)
+        const size_t ts = size_t(kv.nkv) * D, at = (size_t(page) * B * kv.nkv + g) * D;
+        const uint16_t* K = static_cast<const uint16_t*>(kv.k) + at;
+        const uint16_t* V = static_cast<const uint16_t*>(kv.v) + at;
+        for (int h = 0; h < G; ++h)
+          page_step<D>(qh + size_t(h) * D, K, ts, V, ts, n, scale, oh + size_t(h) * D, mh + h, lh + h, kpad, p);
+        continue;
+      }
       const float *K, *V;
       const size_t ks = page_rows<D>(kv, kv.k, kv.fresh_k, page, ps, g, n, ktile, &K);
       const size_t vs = page_rows<D>(kv, kv.v, kv.fresh_v, page, ps, g, n, vtile, &V);
-      const float* qh = q + (g - g0) * qg;
-      float *oh = o + (g - g0) * og, *mh = m + (g - g0) * mg, *lh = l + (g - g0) * mg;
       for (int h = 0; h < G; ++h)
         page_step<D>(qh + size_t(h) * D, K, ks, V, vs, n, scale, oh + size_t(h) * D, mh + h, lh + h, kpad, p);
     }

@@ -2,10 +2,10 @@
 // segment, flash-attention style (AVX2 + FMA + F16C; compiled with -mavx2 -mfma -mf16c).
 //
 // A page's K is transposed once into Kt [D, keys] and shared by every row of the tile (the
-// queries of a tile times the G query heads of the KV head: GQA). Scores come from a 4-row ×
-// 16-key micro-kernel (q broadcast, Kt rows as vectors of 8 keys: no horizontal adds), the
-// online softmax update runs per row, and o += p·V runs on two rows at once so each V load
-// feeds two FMAs. The arithmetic is page_step's (attention_avx2.cpp) operation for operation:
+// queries of a tile times the G query heads of the KV head: GQA). Scores come from a 6-row ×
+// 16-key micro-kernel (q broadcast, Kt rows as vectors of 8 keys: no horizontal adds, 12
+// independent accumulators), the online softmax update runs per row, and o += p·V runs on
+// two rows at once so each V load feeds two FMAs. The arithmetic is page_step's (attention_avx2.cpp) operation for operation:
 // lane l of a score is the FMA chain over q[8c+l]·k[8c+l], c ascending, and the 8 lanes are
 // added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) as its hadd tree does; the softmax and the
 // o update are the same expressions. So a prefill equals decode bit for bit.
@@ -25,7 +25,8 @@ namespace {
 using attn_avx2::hmax;
 using attn_avx2::page_rows;
 
-constexpr int kRows = 4;  // rows per score micro-kernel
+constexpr int kPv = 2;    // rows per o update (8 accumulators; measured faster than 3)
+constexpr int kRows = 6;  // rows per score micro-kernel (12 accumulators: FMA latency x 2 pipes)
 
 // ============================================================================
 // Kt [D, kp] (kp = keys rounded up to 16) from n rows of K (row stride ks); keys >= n are 0.
@@ -59,10 +60,10 @@ void transpose_k(const float* K, size_t ks, int n, int kp, float* kt) {
 }
 
 // ============================================================================
-// Scores of 4 rows × 16 keys (keys k0.. of Kt), scaled, masked past nr[r]: S[r][k0 ..].
+// Scores of kRows rows × 16 keys (keys k0.. of Kt), scaled, masked past nr[r]: S[r][k0 ..].
 // ============================================================================
 template <int D>
-inline void scores_4x16(const float* const* q, const float* kt, int kp, int k0, const int* nr, float scale,
+inline void scores_rows(const float* const* q, const float* kt, int kp, int k0, const int* nr, float scale,
                         float* S /*[kRows][64]*/) {
   __m256 part[8][kRows][2];  // per lane l: the FMA chain over c
   for (int l = 0; l < 8; ++l) {
@@ -117,53 +118,41 @@ inline float softmax_update(const float* S, int nr, float* m, float* l, float* P
 }
 
 // ============================================================================
-// o = o·alpha + Σ_{t < n} p_t v_t for one row, or two rows sharing the V loads (32 columns at
-// a time: 8 accumulators); per element the same FMA chain as page_step.
+// o = o·alpha + Σ_{t < n} p_t v_t for NR rows at once, 32 columns at a time (4·NR
+// accumulators, each V load feeding NR FMAs); per element the same FMA chain as page_step.
 // ============================================================================
-template <int D>
-inline void pv_one(const float* V, size_t vs, const float* P, int n, float alpha, float* o) {
-  constexpr int Dv = D / 8;
-  __m256 acc[Dv];
-  const __m256 va = _mm256_set1_ps(alpha);
-  for (int c = 0; c < Dv; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * c), va);
-  for (int t = 0; t < n; ++t) {
-    const __m256 pt = _mm256_broadcast_ss(P + t);
-    for (int c = 0; c < Dv; ++c) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(V + t * vs + 8 * c), acc[c]);
-  }
-  for (int c = 0; c < Dv; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
-}
-
-template <int D>
-inline void pv_two(const float* V, size_t vs, const float* P0, const float* P1, int n0, int n1, float a0, float a1,
-                   float* o0, float* o1) {
-  const int nc = n0 < n1 ? n0 : n1;
-  for (int c0 = 0; c0 < D; c0 += 32) {
-    const int w = D - c0 < 32 ? (D - c0) / 8 : 4;
-    __m256 x[4], y[4];
-    for (int c = 0; c < w; ++c) {
-      x[c] = _mm256_mul_ps(_mm256_loadu_ps(o0 + c0 + 8 * c), _mm256_set1_ps(a0));
-      y[c] = _mm256_mul_ps(_mm256_loadu_ps(o1 + c0 + 8 * c), _mm256_set1_ps(a1));
-    }
-    int t = 0;
-    for (; t < nc; ++t) {
-      const __m256 p0 = _mm256_broadcast_ss(P0 + t), p1 = _mm256_broadcast_ss(P1 + t);
-      for (int c = 0; c < w; ++c) {
-        const __m256 v = _mm256_loadu_ps(V + t * vs + c0 + 8 * c);
-        x[c] = _mm256_fmadd_ps(p0, v, x[c]);
-        y[c] = _mm256_fmadd_ps(p1, v, y[c]);
+template <int D, int NR>
+inline void pv_rows(const float* V, size_t vs, const float* const* P, const int* n, const float* alpha,
+                    float* const* o) {
+  static_assert(D % 32 == 0, "32 columns at a time");
+  int nc = n[0];
+  for (int r = 1; r < NR; ++r) nc = n[r] < nc ? n[r] : nc;
+  for (int c0 = 0; c0 < D; c0 += 32) {  // the keys every row sees: accumulators in registers
+    __m256 x[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) x[r][c] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0 + 8 * c), _mm256_set1_ps(alpha[r]));
+    const float* vt = V + c0;
+    for (int t = 0; t < nc; ++t, vt += vs) {
+      __m256 p[NR];
+      for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P[r] + t);
+      for (int c = 0; c < 4; ++c) {
+        __m256 v = _mm256_loadu_ps(vt + 8 * c);
+        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
+        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
       }
     }
-    for (int u = t; u < n0; ++u)
-      for (int c = 0; c < w; ++c)
-        x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P0 + u), _mm256_loadu_ps(V + u * vs + c0 + 8 * c), x[c]);
-    for (int u = t; u < n1; ++u)
-      for (int c = 0; c < w; ++c)
-        y[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P1 + u), _mm256_loadu_ps(V + u * vs + c0 + 8 * c), y[c]);
-    for (int c = 0; c < w; ++c) {
-      _mm256_storeu_ps(o0 + c0 + 8 * c, x[c]);
-      _mm256_storeu_ps(o1 + c0 + 8 * c, y[c]);
-    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);
   }
+  for (int r = 0; r < NR; ++r)  // rows that see more keys of this page (the causal edge): the
+    for (int c0 = 0; c0 < D; c0 += 32) {  // same chains, continued from the stored partials
+      __m256 x[4];
+      for (int c = 0; c < 4; ++c) x[c] = _mm256_loadu_ps(o[r] + c0 + 8 * c);
+      for (int t = nc; t < n[r]; ++t)
+        for (int c = 0; c < 4; ++c)
+          x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P[r] + t), _mm256_loadu_ps(V + t * vs + c0 + 8 * c), x[c]);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[c]);
+    }
 }
 
 // ============================================================================
@@ -186,8 +175,7 @@ void segment_rows(const KvView& kv, int g, int R, const float* const* q, const i
   for (int ps = t0; ps < t1; ps += B) {
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
-    if (ps + B < t1) attn_avx2::prefetch_page(kv, kv.pages[ps / B + 1]);
-    const float *K, *V;
+    const float *K, *V;  // (no prefetch: a prefill reads the pages again and again, from cache)
     const size_t ks = page_rows<D>(kv, kv.k, kv.fresh_k, page, ps, g, n, ktile, &K);
     const size_t vs = page_rows<D>(kv, kv.v, kv.fresh_v, page, ps, g, n, vtile, &V);
     const int kn = (n + 15) / 16 * 16;
@@ -203,19 +191,19 @@ void segment_rows(const KvView& kv, int g, int R, const float* const* q, const i
         any |= nr[i];
       }
       if (!any) continue;
-      for (int k0 = 0; k0 < kn; k0 += 16) scores_4x16<D>(qr, kt, kp, k0, nr, scale, S);
+      for (int k0 = 0; k0 < kn; k0 += 16) scores_rows<D>(qr, kt, kp, k0, nr, scale, S);
       float alpha[kRows];
       for (int i = 0; i < kRows; ++i)
         if (nr[i] > 0) alpha[i] = softmax_update(S + i * 64, nr[i], m[r0 + i], l[r0 + i], P + i * 64);
-      for (int i = 0; i < kRows; i += 2) {
-        const bool a = nr[i] > 0, b = nr[i + 1] > 0;
-        if (a && b)
-          pv_two<D>(V, vs, P + i * 64, P + (i + 1) * 64, nr[i], nr[i + 1], alpha[i], alpha[i + 1], o[r0 + i],
-                    o[r0 + i + 1]);
-        else if (a)
-          pv_one<D>(V, vs, P + i * 64, nr[i], alpha[i], o[r0 + i]);
-        else if (b)
-          pv_one<D>(V, vs, P + (i + 1) * 64, nr[i + 1], alpha[i + 1], o[r0 + i + 1]);
+      for (int i0 = 0; i0 < kRows; i0 += kPv) {  // the active rows of each group
+        const float* pr[kPv];
+        float* orow[kPv];
+        int nn[kPv], k = 0;
+        float al[kPv];
+        for (int i = i0; i < i0 + kPv && i < kRows; ++i)
+          if (nr[i] > 0) pr[k] = P + i * 64, orow[k] = o[r0 + i], nn[k] = nr[i], al[k++] = alpha[i];
+        if (k == 2) pv_rows<D, 2>(V, vs, pr, nn, al, orow);
+        else if (k == 1) pv_rows<D, 1>(V, vs, pr, nn, al, orow);
       }
     }
   }
