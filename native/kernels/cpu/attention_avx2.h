@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "kvdeck/formats.h"
+#include "kernels/cpu/vec_avx2.h"
 #include "kvdeck/ops_cpu.h"
 
 namespace kvdeck::cpu::attn_avx2 {
@@ -93,6 +94,71 @@ inline size_t page_rows(const KvView& kv, const void* base, const float* fresh, 
                 sizeof(float) * D);
   *rows = tile;
   return size_t(D);
+}
+
+// 8 values of a K/V row as f32: f32 rows as they are, f16 rows widened in the register (exact).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// The online softmax update of one row over its nr scores S (the reference order: a page's max, alpha, e^(s - m), their sum):
+// m, l updated, P = e^(S - m_new) (0 where masked); returns alpha.
+inline float softmax_update(const float* S, int nr, float* m, float* l, float* P) {
+  const int ng = (nr + 7) / 8;
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int gi = 0; gi < ng; ++gi) vmax = _mm256_max_ps(vmax, _mm256_load_ps(S + 8 * gi));
+  const float mx = hmax(vmax);
+  const float m_new = mx > *m ? mx : *m;
+  const float alpha = flush_exp(*m - m_new);
+  __m256 psum = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m_new);
+  for (int gi = 0; gi < ng; ++gi) {
+    const __m256 s = _mm256_load_ps(S + 8 * gi);
+    const __m256 valid = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s, vm)), valid);
+    _mm256_store_ps(P + 8 * gi, e);
+    psum = _mm256_add_ps(psum, e);
+  }
+  *l = *l * alpha + hsum(psum);
+  *m = m_new;
+  return alpha;
+}
+
+// ============================================================================
+// o = o·alpha + Σ_{t < n} p_t v_t for NR rows at once, 32 columns at a time (4·NR
+// accumulators, each V load feeding NR FMAs); per element the FMA chain o·alpha, then + p_t·v_t for t ascending.
+// ============================================================================
+template <int D, int NR, typename T>
+inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, const float* alpha,
+                    float* const* o) {
+  static_assert(D % 32 == 0, "32 columns at a time");
+  int nc = n[0];
+  for (int r = 1; r < NR; ++r) nc = n[r] < nc ? n[r] : nc;
+  for (int c0 = 0; c0 < D; c0 += 32) {  // the keys every row sees: accumulators in registers
+    __m256 x[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) x[r][c] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0 + 8 * c), _mm256_set1_ps(alpha[r]));
+    const T* vt = V + c0;
+    for (int t = 0; t < nc; ++t, vt += vs) {
+      __m256 p[NR];
+      for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P[r] + t);
+      for (int c = 0; c < 4; ++c) {
+        __m256 v = load8(vt + 8 * c);
+        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
+        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);
+  }
+  for (int r = 0; r < NR; ++r)  // rows that see more keys of this page (the causal edge): the
+    for (int c0 = 0; c0 < D; c0 += 32) {  // same chains, continued from the stored partials
+      __m256 x[4];
+      for (int c = 0; c < 4; ++c) x[c] = _mm256_loadu_ps(o[r] + c0 + 8 * c);
+      for (int t = nc; t < n[r]; ++t)
+        for (int c = 0; c < 4; ++c)
+          x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P[r] + t), load8(V + t * vs + c0 + 8 * c), x[c]);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[c]);
+    }
 }
 
 // Prefetch a whole page (every head, K and V) into L2: pages are scattered in the pool, so the

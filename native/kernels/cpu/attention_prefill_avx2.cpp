@@ -5,10 +5,10 @@
 // queries of a tile times the G query heads of the KV head: GQA). Scores come from a 6-row ×
 // 16-key micro-kernel (q broadcast, Kt rows as vectors of 8 keys: no horizontal adds, 12
 // independent accumulators), the online softmax update runs per row, and o += p·V runs on
-// two rows at once so each V load feeds two FMAs. The arithmetic is page_step's (attention_avx2.cpp) operation for operation:
-// lane l of a score is the FMA chain over q[8c+l]·k[8c+l], c ascending, and the 8 lanes are
-// added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) as its hadd tree does; the softmax and the
-// o update are the same expressions. So a prefill equals decode bit for bit.
+// two rows at once so each V load feeds two FMAs. The arithmetic is decode's (page_group in
+// attention_avx2.cpp) operation for operation: lane l of a score is the FMA chain over
+// q[8c+l]·k[8c+l], c ascending, and the 8 lanes are added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))
+// as its hadd tree does; softmax_update and pv_rows are shared. So prefill == decode bit for bit.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -22,8 +22,9 @@
 
 namespace kvdeck::cpu {
 namespace {
-using attn_avx2::hmax;
 using attn_avx2::page_rows;
+using attn_avx2::pv_rows;
+using attn_avx2::softmax_update;
 
 constexpr int kPv = 2;    // rows per o update (8 accumulators; measured faster than 3)
 constexpr int kRows = 6;  // rows per score micro-kernel (12 accumulators: FMA latency x 2 pipes)
@@ -91,67 +92,6 @@ inline void scores_rows(const float* const* q, const float* kt, int kp, int k0, 
       const __m256 sc = _mm256_mul_ps(_mm256_add_ps(lo, hi), vscale);
       const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(float(nr[r] - k0 - 8 * h)), _CMP_LT_OQ);
       _mm256_store_ps(S + r * 64 + k0 + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, valid));
-    }
-}
-
-// The online softmax update of one row over its nr scores S (page_step's expressions):
-// m, l updated, P = e^(S - m_new) (0 where masked); returns alpha.
-inline float softmax_update(const float* S, int nr, float* m, float* l, float* P) {
-  const int ng = (nr + 7) / 8;
-  __m256 vmax = _mm256_set1_ps(-INFINITY);
-  for (int gi = 0; gi < ng; ++gi) vmax = _mm256_max_ps(vmax, _mm256_load_ps(S + 8 * gi));
-  const float mx = hmax(vmax);
-  const float m_new = mx > *m ? mx : *m;
-  const float alpha = flush_exp(*m - m_new);
-  __m256 psum = _mm256_setzero_ps();
-  const __m256 vm = _mm256_set1_ps(m_new);
-  for (int gi = 0; gi < ng; ++gi) {
-    const __m256 s = _mm256_load_ps(S + 8 * gi);
-    const __m256 valid = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s, vm)), valid);
-    _mm256_store_ps(P + 8 * gi, e);
-    psum = _mm256_add_ps(psum, e);
-  }
-  *l = *l * alpha + hsum(psum);
-  *m = m_new;
-  return alpha;
-}
-
-// ============================================================================
-// o = o·alpha + Σ_{t < n} p_t v_t for NR rows at once, 32 columns at a time (4·NR
-// accumulators, each V load feeding NR FMAs); per element the same FMA chain as page_step.
-// ============================================================================
-template <int D, int NR>
-inline void pv_rows(const float* V, size_t vs, const float* const* P, const int* n, const float* alpha,
-                    float* const* o) {
-  static_assert(D % 32 == 0, "32 columns at a time");
-  int nc = n[0];
-  for (int r = 1; r < NR; ++r) nc = n[r] < nc ? n[r] : nc;
-  for (int c0 = 0; c0 < D; c0 += 32) {  // the keys every row sees: accumulators in registers
-    __m256 x[NR][4];
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < 4; ++c) x[r][c] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0 + 8 * c), _mm256_set1_ps(alpha[r]));
-    const float* vt = V + c0;
-    for (int t = 0; t < nc; ++t, vt += vs) {
-      __m256 p[NR];
-      for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P[r] + t);
-      for (int c = 0; c < 4; ++c) {
-        __m256 v = _mm256_loadu_ps(vt + 8 * c);
-        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
-        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
-      }
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);
-  }
-  for (int r = 0; r < NR; ++r)  // rows that see more keys of this page (the causal edge): the
-    for (int c0 = 0; c0 < D; c0 += 32) {  // same chains, continued from the stored partials
-      __m256 x[4];
-      for (int c = 0; c < 4; ++c) x[c] = _mm256_loadu_ps(o[r] + c0 + 8 * c);
-      for (int t = nc; t < n[r]; ++t)
-        for (int c = 0; c < 4; ++c)
-          x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P[r] + t), _mm256_loadu_ps(V + t * vs + c0 + 8 * c), x[c]);
-      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[c]);
     }
 }
 
