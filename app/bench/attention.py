@@ -28,7 +28,7 @@ CONTEXTS = (2048, 8192)
 KV_FORMATS = ("f16", "nvfp4")
 THREADS = (1, 2)
 PREFILL = (4000, 500)  # cached tokens, new tokens
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512vnni")
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "asimd", "asimddp")  # /proc/cpuinfo names
 
 
 def kv_row_bytes(kv: str, D: int) -> int:
@@ -72,6 +72,19 @@ def validate(kv: str) -> float:
     return worst
 
 
+def cpu_flags() -> dict:
+    """The FLAGS this CPU reports (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set()
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have.update(line.split(":", 1)[1].split())
+    except OSError:
+        have = set()
+    return {f: f in have for f in FLAGS}
+
+
 def _best(ops, *args, repeat, **kw) -> float:
     secs, _ = ops.attention_timing(*args, repeat=repeat, **kw)
     return min(secs)
@@ -86,7 +99,8 @@ def run(argv: list[str]) -> int:
     from app.engine import _native
 
     say = (lambda *a: None) if args.json else print
-    flags = {f: bool(_native.kernels.cpu_supports(f)) for f in FLAGS}
+    flags = cpu_flags()
+    flags["kernels"] = _native.kernels.kernel_isa()
     out: dict = {"flags": flags, "load_before": os.getloadavg()[0], "validation": {}, "decode": [], "prefill": []}
     try:
         for kv in KV_FORMATS:
@@ -96,7 +110,7 @@ def run(argv: list[str]) -> int:
         return 1
     copy = copy_bandwidth()
     out["copy_gbs"] = copy / 1e9
-    say(f"CPU flags: {' '.join(f for f, ok in flags.items() if ok)}; load {out['load_before']:.2f}; "
+    say(f"CPU flags: {' '.join(f for f in FLAGS if flags.get(f))} (kernels {flags['kernels']}); load {out['load_before']:.2f}; "
         f"copy bandwidth {copy / 1e9:.1f} GB/s; validation (max err / max|v|): "
         + ", ".join(f"{kv} {e:.1e}" for kv, e in out["validation"].items()))
     shapes = {"smollm2-135m": SHAPES["smollm2-135m"]} if args.quick else SHAPES

@@ -180,3 +180,15 @@ def test_engine_prefill_attends_to_its_own_unrounded_kv(engine, monkeypatch):
     fresh = q.logits(ids)
     err_pooled, err_fresh = np.abs(pooled - ref).mean(), np.abs(fresh - ref).mean()
     assert err_fresh < 0.8 * err_pooled, f"mean |logit - f16 KV|: fresh {err_fresh:.4f}, pooled {err_pooled:.4f}"
+
+
+def test_bench_attention_validates_and_counts_the_bytes_a_step_reads():
+    from app.bench import attention as bench
+    from app.bench.cli import BENCHES
+    assert BENCHES["attention"] == "app.bench.attention"
+    for kv in ("f16", "nvfp4"):
+        assert bench.validate(kv) < 1e-4
+    assert bench.step_bytes("f16", 2048, 3, 64, 30) == 2 * 2048 * 3 * 128 * 30
+    assert bench.step_bytes("nvfp4", 2048, 3, 64, 30) == 2 * 2048 * 3 * 36 * 30
+    secs, out = _native.BackendOps("cpu", 1).attention_timing(9, 3, 64, 99, 1, kv="nvfp4", layers=2, repeat=2)
+    assert len(secs) == 2 and all(s > 0 for s in secs) and out.shape == (1, 576) and np.isfinite(out).all()
