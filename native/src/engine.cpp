@@ -271,6 +271,11 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   const ModelConfig& c = config_;
   const int H = c.hidden, F = c.intermediate, D = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads;
   const int QD = nh * D, KD = nkv * D, B = pool_->block();
+  // With an nvfp4 pool a chunk's queries read the chunk's own tokens from the f32 K/V just
+  // computed (attention_fresh) and the earlier tokens from the quantised pages (issue 14);
+  // KVDECK_KV_FRESH=0 reads every token from the pages (A/B measurements).
+  const char* fresh_env = std::getenv("KVDECK_KV_FRESH");
+  const bool fresh_kv = pool_->dtype() == KvDType::NVFP4 && !(fresh_env && std::strcmp(fresh_env, "0") == 0);
 
   // ---- per-chunk index arrays: positions, KV slots, page table ----
   std::vector<int32_t> pos(M), slots(M);
@@ -284,11 +289,6 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   be.upload(S.slots, slots.data(), sizeof(int32_t) * M);
   be.upload(S.pages, s.pages.data(), sizeof(int32_t) * n_pages);
 
-  // With an nvfp4 pool a chunk's queries read the chunk's own tokens from the f32 K/V just
-  // computed (attention_fresh) and the earlier tokens from the quantised pages (issue 14);
-  // KVDECK_KV_FRESH=0 reads every token from the pages (A/B measurements).
-  const char* fresh_env = std::getenv("KVDECK_KV_FRESH");
-  const bool fresh_kv = pool_->dtype() == KvDType::NVFP4 && !(fresh_env && std::strcmp(fresh_env, "0") == 0);
   be.embed(weights_.embed, S.ids, M, S.x);  // x: [M, H]
   for (int l = 0; l < c.n_layers; ++l) {
     if (cancel && l > 0 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);

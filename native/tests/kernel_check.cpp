@@ -276,42 +276,6 @@ void check_rows() {
   check(bad == 0, "kv_nvfp4 rows: " + std::to_string(bad) + " bytes or values differ from the spec");
 }
 
-void check_attention() {
-  const int block = 16, nkv = 2, D = 64, G = 2, ctx = 300, n_pages = (ctx + block - 1) / block;
-  const float scale = 1.0f / std::sqrt(float(D));
-  std::vector<float> k(size_t(n_pages) * block * nkv * D), v(k.size()), q(size_t(G) * D), out(size_t(G) * D);
-  for (auto& e : k) e = rand_normal();
-  for (auto& e : v) e = rand_normal();
-  for (auto& e : q) e = rand_normal();
-  std::vector<int32_t> pages(n_pages);
-  for (int p = 0; p < n_pages; ++p) pages[p] = n_pages - 1 - p;  // a scrambled page table
-  cpu::KvView kv{k.data(), v.data(), KvDType::F32, block, nkv, D, pages.data()};
-  std::vector<float> work(cpu::attention_work_floats(G, ctx, block, D));
-  const int g = 1;
-  cpu::attention_query(kv, g, q.data(), G, ctx, scale, out.data(), work.data());
-  double worst = 0.0;
-  for (int h = 0; h < G; ++h) {
-    std::vector<double> sc(ctx);
-    double mx = -1e300, sum = 0.0;
-    auto at = [&](const std::vector<float>& t, int tok, int i) {
-      return double(t[((size_t(pages[tok / block]) * block + tok % block) * nkv + g) * D + i]);
-    };
-    for (int t = 0; t < ctx; ++t) {
-      double dot = 0.0;
-      for (int i = 0; i < D; ++i) dot += double(q[size_t(h) * D + i]) * at(k, t, i);
-      sc[t] = dot * scale;
-      mx = std::max(mx, sc[t]);
-    }
-    for (int t = 0; t < ctx; ++t) sum += sc[t] = std::exp(sc[t] - mx);
-    for (int i = 0; i < D; ++i) {
-      double o = 0.0;
-      for (int t = 0; t < ctx; ++t) o += sc[t] / sum * at(v, t, i);
-      worst = std::max(worst, std::fabs(o - out[size_t(h) * D + i]));
-    }
-  }
-  check(worst < 2e-5, "attention_query (f32 KV, 300 tokens, 2 segments): error " + std::to_string(worst));
-}
-
 // f16 and nvfp4 pages, prefill tiles and fresh rows: the dispatched kernels against float64
 // on the values the pages hold, and a prefill tile bit for bit equal to decode steps.
 void check_attention_paths() {
@@ -389,6 +353,43 @@ void check_attention_paths() {
   }
 }
 
+void check_attention() {
+  const int block = 16, nkv = 2, D = 64, G = 2, ctx = 300, n_pages = (ctx + block - 1) / block;
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<float> k(size_t(n_pages) * block * nkv * D), v(k.size()), q(size_t(G) * D), out(size_t(G) * D);
+  for (auto& e : k) e = rand_normal();
+  for (auto& e : v) e = rand_normal();
+  for (auto& e : q) e = rand_normal();
+  std::vector<int32_t> pages(n_pages);
+  for (int p = 0; p < n_pages; ++p) pages[p] = n_pages - 1 - p;  // a scrambled page table
+  cpu::KvView kv{k.data(), v.data(), KvDType::F32, block, nkv, D, pages.data()};
+  std::vector<float> work(cpu::attention_work_floats(G, ctx, block, D));
+  const int g = 1;
+  cpu::attention_query(kv, g, q.data(), G, ctx, scale, out.data(), work.data());
+  double worst = 0.0;
+  for (int h = 0; h < G; ++h) {
+    std::vector<double> sc(ctx);
+    double mx = -1e300, sum = 0.0;
+    auto at = [&](const std::vector<float>& t, int tok, int i) {
+      return double(t[((size_t(pages[tok / block]) * block + tok % block) * nkv + g) * D + i]);
+    };
+    for (int t = 0; t < ctx; ++t) {
+      double dot = 0.0;
+      for (int i = 0; i < D; ++i) dot += double(q[size_t(h) * D + i]) * at(k, t, i);
+      sc[t] = dot * scale;
+      mx = std::max(mx, sc[t]);
+    }
+    for (int t = 0; t < ctx; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+    for (int i = 0; i < D; ++i) {
+      double o = 0.0;
+      for (int t = 0; t < ctx; ++t) o += sc[t] / sum * at(v, t, i);
+      worst = std::max(worst, std::fabs(o - out[size_t(h) * D + i]));
+    }
+  }
+  check(worst < 2e-5, "attention_query (f32 KV, 300 tokens, 2 segments): error " + std::to_string(worst));
+  check_attention_paths();
+}
+
 }  // namespace
 
 // ============================================================================
@@ -404,7 +405,6 @@ int main() {
   check_codecs();
   check_rows();
   check_attention();
-  check_attention_paths();
   for (const char* isa : {"scalar", "avx2", "avx512vnni"}) {
     if (!set_kernel_isa(isa)) continue;
     check_quantize(isa);

@@ -149,7 +149,7 @@ def test_fresh_rows_attend_unrounded(kv, p0, M):
     nh, nkv, D = 9, 3, 64
     q, k, v = _inputs(11 + p0, p0, M, nh, nkv, D)
     ops = _native.BackendOps("cpu", 2)
-    out = ops.attention(q, k, v, p0, kv, fresh=True)
+    out = ops.attention_fresh(q, k, v, p0, kv)
     mix = lambda x: np.concatenate([_stored(x[:p0], kv), x[p0:].astype(np.float64)])  # noqa: E731
     want = _causal_oracle(q, mix(k), mix(v), p0)
     err = np.abs(out - want).max()
@@ -161,7 +161,7 @@ def test_fresh_rows_attend_unrounded(kv, p0, M):
 def test_fresh_rows_change_nothing_on_an_f32_pool():
     q, k, v = _inputs(3, 100, 20, 9, 3, 64)
     ops = _native.BackendOps("cpu", 2)
-    assert np.array_equal(ops.attention(q, k, v, 100, "f32", fresh=True), ops.attention(q, k, v, 100, "f32"))
+    assert np.array_equal(ops.attention_fresh(q, k, v, 100, "f32"), ops.attention(q, k, v, 100, "f32"))
 
 
 def test_engine_prefill_attends_to_its_own_unrounded_kv(engine, monkeypatch):

@@ -130,9 +130,9 @@ void attention_segment_heads(const KvView& kv, int g0, int g1, const float* q, s
   if (avx2 && kv.D % 8 == 0 && kv.D <= 128 && kv.block <= 64)
     return attention_heads_avx2(kv, g0, g1, q, qg, G, t0, t1, scale, o, og, m, l, mg, tile);
 #endif
-  for (int g = g0; g < g1; ++g)
-    attention_segment_ref(kv, g, q + (g - g0) * qg, G, t0, t1, scale, o + (g - g0) * og, m + (g - g0) * mg,
-                          l + (g - g0) * mg, tile);
+  for (int g = g0; g < g1; ++g)  // one head at a time through the ISA's segment kernel
+    attention_segment(kv, g, q + (g - g0) * qg, G, t0, t1, scale, o + (g - g0) * og, m + (g - g0) * mg,
+                      l + (g - g0) * mg, tile);
 }
 
 void attention_combine(const float* o, const float* m, const float* l, int S, int G, int D, float* out) {
