@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>  // attention_timing
+#include <random>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -76,12 +78,105 @@ struct Release {  // frees an op's buffers however it ends
   ~Release() { o.release(); }
 };
 
+// attention_fresh on numpy inputs: q f32 [M, nh*D] at positions p0..p0+M-1; k, v f32 [ctx,
+// nkv, D] (ctx = p0 + M) written into a pool of `kv` pages (block 16) with kv_write; the
+// chunk's own rows (positions >= p0) passed unrounded as k_new / v_new.
+py::array_t<float> attention_fresh_op(BackendOps& o, const Arr<float>& q, const Arr<float>& k, const Arr<float>& v,
+                                      int p0, const std::string& kv) {
+  Release r{o};
+  require(q.ndim() == 2 && k.ndim() == 3 && v.ndim() == 3, "q [M, nh*D], k, v [ctx, nkv, D]");
+  const int M = int(q.shape(0)), ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2));
+  require(ctx == p0 + M && v.shape(0) == ctx && q.shape(1) % D == 0, "ctx must be p0 + M");
+  const int nh = int(q.shape(1)) / D, B = 16, n_pages = (ctx + B - 1) / B;
+  const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+  KvPool pool(o.be(), 1, nkv, D, B, n_pages, dt);
+  std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
+  for (int i = 0; i < n_pages; ++i) pages[i] = pool.alloc_page();
+  for (int t = 0; t < ctx; ++t) slots[t] = pages[t / B] * B + t % B;
+  for (int i = 0; i < M; ++i) pos[i] = p0 + i;
+  auto dev_i32 = [&](const std::vector<int32_t>& h) {
+    return o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(h.size()), h.data())));
+  };
+  float *kd = o.put(k), *vd = o.put(v);
+  o.be().kv_write(pool, 0, kd, vd, nkv * D, dev_i32(slots), ctx);
+  float* out = o.scratch(size_t(M) * nh * D);
+  o.be().attention_fresh(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D,
+                         kd + size_t(p0) * nkv * D, vd + size_t(p0) * nkv * D, nkv * D, out);
+  return o.get(out, {M, py::ssize_t(nh) * D});
+}
+
 }  // namespace
 
 void bind_backend(py::module_& m) {
   py::class_<BackendOps>(m, "BackendOps", "One backend's ops on numpy arrays (tests).")
       .def(py::init<const std::string&, int>(), py::arg("name") = "cpu", py::arg("threads") = 0)
       .def_property_readonly("name", &BackendOps::name)
+      .def("attention_fresh", &attention_fresh_op, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"),
+           py::arg("kv") = "f32", "attention() with the chunk's own rows unrounded (Backend::attention_fresh)")
+      .def(
+          "attention_timing",
+          [](BackendOps& o, int nh, int nkv, int D, int p0, int M, const std::string& kv, int layers, int repeat,
+             bool fresh, uint32_t seed) {
+            // Benchmark (app/bench/attention.py): `layers` layers of random K/V (normal, as f32
+            // [ctx, nkv, D] written with kv_write, ctx = p0 + M), random q [M, nh*D]; each pass runs
+            // attention (or attention_fresh) once per layer. Returns (seconds of each pass, the last
+            // layer's output). Each layer has its own pool memory, so a pass over many layers
+            // streams the K/V from DRAM as a decode step does.
+            Release r{o};
+            require(nh > 0 && nkv > 0 && nh % nkv == 0 && D > 0 && D % 16 == 0, "nh % nkv == 0, D % 16 == 0");
+            require(p0 >= 0 && M >= 1 && layers >= 1 && repeat >= 1, "p0 >= 0, M, layers, repeat >= 1");
+            const int ctx = p0 + M, B = 16, n_pages = (ctx + B - 1) / B, KD = nkv * D;
+            const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+            require(kv == "f16" || kv == "nvfp4" || kv == "f32", "kv must be f32, f16 or nvfp4");
+            std::vector<float> kh(size_t(ctx) * KD), vh(kh.size()), qh(size_t(M) * nh * D);
+            std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
+            {
+              py::gil_scoped_release nogil;
+              std::mt19937 rng(seed);
+              std::normal_distribution<float> nd(0.0f, 1.0f);
+              for (auto& x : kh) x = nd(rng);
+              for (auto& x : vh) x = nd(rng);
+              for (auto& x : qh) x = nd(rng);
+            }
+            KvPool pool(o.be(), layers, nkv, D, B, n_pages, dt);
+            for (int i = 0; i < n_pages; ++i) pages[i] = pool.alloc_page();
+            for (int t = 0; t < ctx; ++t) slots[t] = pages[t / B] * B + t % B;
+            for (int i = 0; i < M; ++i) pos[i] = p0 + i;
+            auto put_f = [&](const std::vector<float>& h) {
+              float* d = o.scratch(h.size());
+              o.be().upload(d, h.data(), sizeof(float) * h.size());
+              return d;
+            };
+            auto put_i = [&](const std::vector<int32_t>& h) {
+              int32_t* d = reinterpret_cast<int32_t*>(o.scratch(h.size()));
+              o.be().upload(d, h.data(), sizeof(int32_t) * h.size());
+              return d;
+            };
+            float *kd = put_f(kh), *vd = put_f(vh), *qd = put_f(qh), *out = o.scratch(size_t(M) * nh * D);
+            int32_t *sd = put_i(slots), *pd = put_i(pages), *posd = put_i(pos);
+            std::vector<double> secs(repeat);
+            {
+              py::gil_scoped_release nogil;
+              for (int l = 0; l < layers; ++l) o.be().kv_write(pool, l, kd, vd, KD, sd, ctx);
+              o.be().sync();
+              for (int rep = 0; rep < repeat; ++rep) {
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int l = 0; l < layers; ++l) {
+                  if (fresh)
+                    o.be().attention_fresh(pool, l, qd, nh * D, M, posd, pd, nh, nkv, D, kd + size_t(p0) * KD,
+                                           vd + size_t(p0) * KD, KD, out);
+                  else
+                    o.be().attention(pool, l, qd, nh * D, M, posd, pd, nh, nkv, D, out);
+                }
+                o.be().sync();
+                secs[rep] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              }
+            }
+            return py::make_tuple(secs, o.get(out, {M, py::ssize_t(nh) * D}));
+          },
+          py::arg("nh"), py::arg("nkv"), py::arg("D"), py::arg("p0"), py::arg("M") = 1, py::kw_only(),
+          py::arg("kv") = "f16", py::arg("layers") = 1, py::arg("repeat") = 5, py::arg("fresh") = false,
+          py::arg("seed") = 0)
       .def("rmsnorm",
            [](BackendOps& o, const Arr<float>& x, const Arr<float>& w, float eps) {
              Release r{o};

@@ -161,11 +161,42 @@ class CpuBackend final : public Backend {
 
   void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
                  const int32_t* pages, int nh, int nkv, int D, float* out) override {
+    attend(pool, layer, q, ldq, M, pos, pages, nh, nkv, D, nullptr, nullptr, 0, out);
+  }
+  void attention_fresh(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
+                       const int32_t* pages, int nh, int nkv, int D, const float* k_new, const float* v_new,
+                       int ldkv, float* out) override {
+    attend(pool, layer, q, ldq, M, pos, pages, nh, nkv, D, k_new, v_new, ldkv, out);
+  }
+
+  void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
+    const size_t total = static_cast<size_t>(M) * n;
+    const size_t c = 16384;  // floats a task
+    const int tasks = int((total + c - 1) / c);
+    pool_.run(tasks, [&](int t, int) {
+      const size_t i0 = size_t(t) * c, i1 = std::min(total, i0 + c);
+      cpu::silu_mul_row(a + i0, b + i0, static_cast<int>(i1 - i0), y + i0);
+    });
+  }
+
+  void add(float* x, const float* y, size_t n) override {
+#pragma omp simd  // -fopenmp-simd: vectorisation only, no OpenMP runtime
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+
+ private:
+  // attention / attention_fresh: k_new, v_new (f32 [M, nkv*D], row stride ldkv) or null.
+  void attend(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
+              const int32_t* pages, int nh, int nkv, int D, const float* k_new, const float* v_new, int ldkv,
+              float* out) {
     const int p0 = pos[0];  // host memory: the CPU backend's memory
     const int G = nh / nkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const int ctx = p0 + M;
     cpu::KvView kv{pool.k(layer), pool.v(layer), pool.dtype(), pool.block(), nkv, D, pages};
+    if (k_new && pool.dtype() != KvDType::F32) {  // an f32 pool holds the new rows exactly already
+      kv.fresh_k = k_new, kv.fresh_v = v_new, kv.fresh0 = p0, kv.fresh_ld = size_t(ldkv);
+    }
     if (pool.dtype() != KvDType::F32 && M > 1) {
       // Prefill over nvfp4 / f16 pages: widen the context once into a f32 workspace (reused
       // by every layer) so the M queries do not each widen every row again (exact for f16:
@@ -191,22 +222,37 @@ class CpuBackend final : public Backend {
           }
         }
       });
+      if (kv.fresh_k) {  // the chunk's own tokens: their f32 rows over the widened ones
+        const size_t tok = size_t(nkv) * D;
+        for (int t = p0; t < ctx; ++t) {
+          const size_t at = size_t(t / pool.block()) * page_floats + size_t(t % pool.block()) * tok;
+          std::memcpy(workspace_.data() + at, k_new + size_t(t - p0) * ldkv, sizeof(float) * tok);
+          std::memcpy(workspace_.data() + n_pages * page_floats + at, v_new + size_t(t - p0) * ldkv,
+                      sizeof(float) * tok);
+        }
+      }
       kv = cpu::KvView{workspace_.data(), workspace_.data() + n_pages * page_floats, KvDType::F32,
                        pool.block(), nkv, D, ws_pages_.data()};
     }
     const int seg = cpu::attn_segment(pool.block()), S = (ctx + seg - 1) / seg;
     if (M == 1 && S > 1) {
-      // Decode over a long context: (KV head, segment) tasks keep every thread busy; the
-      // partials are combined in segment order, as attention_query does.
+      // Decode over a long context: one task per segment walks its pages once for every KV
+      // head (contiguous reads; the next page prefetched), or per (segment, KV head) when
+      // there are too few segments to keep the threads busy. The partials are combined in
+      // segment order, as attention_query does.
       part_.resize(size_t(nkv) * S * G * (D + 2));
       float* po = part_.data();                  // [nkv, S, G, D]
       float* pm = po + size_t(nkv) * S * G * D;  // [nkv, S, G]
       float* pl = pm + size_t(nkv) * S * G;      // [nkv, S, G]
-      pool_.run(nkv * S, [&](int task, int thread) {
+      const int hs = S >= 2 * threads_ ? 1 : nkv;  // head splits per segment
+      pool_.run(S * hs, [&](int task, int thread) {
         float* tile = scratch(thread, 2 * size_t(pool.block()) * D).data();  // [2, block, D]
-        const int g = task / S, s = task % S, t0 = s * seg, t1 = std::min(ctx, t0 + seg);
-        cpu::attention_segment(kv, g, q + size_t(g) * G * D, G, t0, t1, scale, po + size_t(task) * G * D,
-                               pm + size_t(task) * G, pl + size_t(task) * G, tile);
+        const int s = task / hs, g0 = hs == 1 ? 0 : task % hs, g1 = hs == 1 ? nkv : g0 + 1;
+        const int t0 = s * seg, t1 = std::min(ctx, t0 + seg);
+        const size_t at = size_t(g0) * S + s;  // partial (g0, s)
+        cpu::attention_segment_heads(kv, g0, g1, q + size_t(g0) * G * D, size_t(G) * D, G, t0, t1, scale,
+                                     po + at * G * D, size_t(S) * G * D, pm + at * G, pl + at * G, size_t(S) * G,
+                                     tile);
       });
       for (int g = 0; g < nkv; ++g)
         cpu::attention_combine(po + size_t(g) * S * G * D, pm + size_t(g) * S * G, pl + size_t(g) * S * G, S,
@@ -226,22 +272,6 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
-    const size_t total = static_cast<size_t>(M) * n;
-    const size_t c = 16384;  // floats a task
-    const int tasks = int((total + c - 1) / c);
-    pool_.run(tasks, [&](int t, int) {
-      const size_t i0 = size_t(t) * c, i1 = std::min(total, i0 + c);
-      cpu::silu_mul_row(a + i0, b + i0, static_cast<int>(i1 - i0), y + i0);
-    });
-  }
-
-  void add(float* x, const float* y, size_t n) override {
-#pragma omp simd  // -fopenmp-simd: vectorisation only, no OpenMP runtime
-    for (size_t i = 0; i < n; ++i) x[i] += y[i];
-  }
-
- private:
   // Rows of W per task: a multiple of 16 (the kernels' unrolled path), tasks_per_thread_
   // tasks per thread (KVDECK_TASKS_PER_THREAD, default 1), and at least ~32 KB of weights per
   // task. Measured 2026-12-01 (decode tok/s, nvfp4, 2 threads on 2 cores): idle 259 / 238 /

@@ -3,6 +3,7 @@
 #include "kvdeck/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -272,6 +273,11 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   const ModelConfig& c = config_;
   const int H = c.hidden, F = c.intermediate, D = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads;
   const int QD = nh * D, KD = nkv * D, B = pool_->block();
+  // With an nvfp4 pool a chunk's queries read the chunk's own tokens from the f32 K/V just
+  // computed (attention_fresh) and the earlier tokens from the quantised pages (issue 14);
+  // KVDECK_KV_FRESH=0 reads every token from the pages (A/B measurements).
+  const char* fresh_env = std::getenv("KVDECK_KV_FRESH");
+  const bool fresh_kv = pool_->dtype() == KvDType::NVFP4 && !(fresh_env && std::strcmp(fresh_env, "0") == 0);
 
   // ---- per-chunk index arrays: positions, KV slots, page table ----
   std::vector<int32_t> pos(M), slots(M);
@@ -330,7 +336,10 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
     be.rope(S.q, M, nh, D, QD, S.pos, S.inv_freq);
     be.rope(S.k, M, nkv, D, KD, S.pos, S.inv_freq);
     be.kv_write(*pool_, l, S.k, S.v, KD, S.slots, M);
-    be.attention(*pool_, l, S.q, QD, M, S.pos, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
+    if (fresh_kv)  // the chunk's own K/V unrounded (S.k, S.v), the prefix from the pool
+      be.attention_fresh(*pool_, l, S.q, QD, M, S.pos, S.pages, nh, nkv, D, S.k, S.v, KD, S.attn);
+    else
+      be.attention(*pool_, l, S.q, QD, M, S.pos, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
     if (cancel && M > 1 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     S.xq.valid = false;
     if (is_integer(L.wo.dtype)) be.quantize_input(S.attn, M, QD, S.xq);

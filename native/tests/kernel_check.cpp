@@ -283,6 +283,83 @@ void check_rows() {
   check(bad == 0, "kv_nvfp4 rows: " + std::to_string(bad) + " bytes or values differ from the spec");
 }
 
+// f16 and nvfp4 pages, prefill tiles and fresh rows: the dispatched kernels against float64
+// on the values the pages hold, and a prefill tile bit for bit equal to decode steps.
+void check_attention_paths() {
+  const int block = 16, nkv = 2, D = 64, G = 3, ctx = 300, n_pages = (ctx + block - 1) / block, M = 20;
+  const int p0 = ctx - M;
+  const float scale = 1.0f / std::sqrt(float(D));
+  for (KvDType dt : {KvDType::F16, KvDType::NVFP4}) {
+    const size_t rb = kv_row_bytes(dt, D), rows = size_t(n_pages) * block * nkv;
+    std::vector<uint8_t> k(rows * rb), v(rows * rb);
+    std::vector<float> kf(rows * D), vf(rows * D), kd(rows * D), vd(rows * D);  // f32 rows, stored values
+    for (size_t r = 0; r < rows; ++r)
+      for (int pass = 0; pass < 2; ++pass) {
+        float* x = (pass ? vf : kf).data() + r * D;
+        float* back = (pass ? vd : kd).data() + r * D;
+        uint8_t* row = (pass ? v : k).data() + r * rb;
+        for (int i = 0; i < D; ++i) x[i] = rand_normal();
+        if (dt == KvDType::F16) {
+          cpu::f32_to_f16_row(x, reinterpret_cast<uint16_t*>(row), D);
+          cpu::f16_to_f32_row(reinterpret_cast<const uint16_t*>(row), back, D);
+        } else {
+          cpu::kv_nvfp4_encode_row(x, D, row);
+          cpu::kv_nvfp4_decode_row(row, D, back);
+        }
+      }
+    std::vector<int32_t> pages(n_pages);
+    for (int p = 0; p < n_pages; ++p) pages[p] = (p * 7) % n_pages;  // n_pages = 19: a permutation
+    std::vector<float> q(size_t(M) * nkv * G * D), fk(size_t(M) * nkv * D), fv(fk.size());
+    for (auto& e : q) e = rand_normal();
+    auto slot = [&](int t, int g) { return (size_t(pages[t / block]) * block + t % block) * nkv + g; };
+    for (int t = p0; t < ctx; ++t)  // the chunk's f32 rows (attention_fresh)
+      for (int g = 0; g < nkv; ++g) {
+        std::memcpy(&fk[(size_t(t - p0) * nkv + g) * D], &kf[slot(t, g) * D], sizeof(float) * D);
+        std::memcpy(&fv[(size_t(t - p0) * nkv + g) * D], &vf[slot(t, g) * D], sizeof(float) * D);
+      }
+    const char* name = dt == KvDType::F16 ? "f16" : "nvfp4";
+    for (bool fresh : {false, true}) {
+      cpu::KvView kv{k.data(), v.data(), dt, block, nkv, D, pages.data()};
+      if (fresh) kv.fresh_k = fk.data(), kv.fresh_v = fv.data(), kv.fresh0 = p0, kv.fresh_ld = size_t(nkv) * D;
+      const size_t ld = size_t(nkv) * G * D;
+      std::vector<float> tile_out(size_t(M) * ld), step(size_t(G) * D);
+      std::vector<float> work(cpu::attention_queries_work_floats(M, G, ctx, block, D));
+      double worst = 0.0;
+      int differ = 0;
+      for (int g = 0; g < nkv; ++g) {
+        cpu::attention_queries(kv, g, q.data(), ld, G, 0, M, p0, scale, tile_out.data(), ld, work.data());
+        for (int i = 0; i < M; ++i) {
+          const int c = p0 + i + 1;
+          std::vector<float> w1(cpu::attention_work_floats(G, c, block, D));
+          cpu::attention_query(kv, g, q.data() + i * ld + size_t(g) * G * D, G, c, scale, step.data(), w1.data());
+          differ += std::memcmp(step.data(), tile_out.data() + i * ld + size_t(g) * G * D, sizeof(float) * G * D) != 0;
+          for (int h = 0; h < G; ++h) {  // float64 over the stored (or fresh f32) values
+            const float* qh = q.data() + i * ld + (size_t(g) * G + h) * D;
+            auto key = [&](int t) { return (fresh && t >= p0 ? kf : kd).data() + slot(t, g) * D; };
+            auto val = [&](int t) { return (fresh && t >= p0 ? vf : vd).data() + slot(t, g) * D; };
+            std::vector<double> sc(c);
+            double mx = -1e300, sum = 0.0;
+            for (int t = 0; t < c; ++t) {
+              double dot = 0.0;
+              for (int j = 0; j < D; ++j) dot += double(qh[j]) * key(t)[j];
+              mx = std::max(mx, sc[t] = dot * scale);
+            }
+            for (int t = 0; t < c; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+            for (int j = 0; j < D; ++j) {
+              double o = 0.0;
+              for (int t = 0; t < c; ++t) o += sc[t] / sum * val(t)[j];
+              worst = std::max(worst, std::fabs(o - step[size_t(h) * D + j]));
+            }
+          }
+        }
+      }
+      const std::string what = std::string("attention ") + name + (fresh ? " + fresh rows" : "");
+      check(differ == 0, what + ": " + std::to_string(differ) + " prefill queries differ from decode");
+      check(worst < 1e-4, what + ": error vs float64 " + std::to_string(worst));
+    }
+  }
+}
+
 void check_attention() {
   const int block = 16, nkv = 2, D = 64, G = 2, ctx = 300, n_pages = (ctx + block - 1) / block;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -317,6 +394,7 @@ void check_attention() {
     }
   }
   check(worst < 2e-5, "attention_query (f32 KV, 300 tokens, 2 segments): error " + std::to_string(worst));
+  check_attention_paths();
 }
 
 }  // namespace

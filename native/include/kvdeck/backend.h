@@ -78,6 +78,17 @@ class Backend {
   //   q: f32 [M, nh*D] (row stride ldq), pages: i32 [ceil(ctx/block)], out: f32 [M, nh*D]
   virtual void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
                          const int32_t* pages, int nh, int nkv, int D, float* out) = 0;
+  // attention() of a chunk whose own M tokens (positions pos[0]..pos[0]+M-1, the rows
+  // kv_write just stored) are read from k_new / v_new (f32 [M, nkv*D], row stride ldkv) and
+  // the ctx - M earlier tokens from the pool: with a quantised pool (nvfp4) the chunk then
+  // attends to its own K/V unrounded (issue 14). The default reads every token from the pool
+  // (as attention() does), so a backend without its own version keeps today's results.
+  virtual void attention_fresh(const KvPool& pool, int layer, const float* q, int ldq, int M,
+                               const int32_t* pos, const int32_t* pages, int nh, int nkv, int D,
+                               const float* k_new, const float* v_new, int ldkv, float* out) {
+    (void)k_new, (void)v_new, (void)ldkv;
+    attention(pool, layer, q, ldq, M, pos, pages, nh, nkv, D, out);
+  }
   // y[m, j] = silu(a[m, j]) * b[m, j]               a, b, y: f32 [M, n]
   virtual void silu_mul(const float* a, const float* b, int M, int n, float* y) = 0;
   // x += y                                           f32 [n]

@@ -36,6 +36,12 @@ struct KvView {
   KvDType dtype = KvDType::F32;
   int block = 16, nkv = 1, D = 64;
   const int32_t* pages = nullptr;  // [ceil(ctx/block)] page table
+  // Optional (attention_fresh): the tokens at positions >= fresh0 are read from these f32 rows
+  // instead of the pages; token t's head g at fresh_k + (t - fresh0) * fresh_ld + g * D.
+  const float* fresh_k = nullptr;
+  const float* fresh_v = nullptr;
+  int fresh0 = 0;
+  size_t fresh_ld = 0;
 };
 
 // Keys per context segment. Attention runs an online softmax over each segment (a page at a
@@ -54,6 +60,11 @@ inline float flush_exp(float x) { return x < -87.0f ? 0.0f : std::exp(x); }
 //   q: f32 [G, D]; o: f32 [G, D]; m, l: f32 [G]; tile: f32 scratch [2, block, D]
 void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
                        float* o, float* m, float* l, float* tile);
+// attention_segment for the KV heads g0..g1-1 at once, a page at a time (each page's rows of
+// all these heads are read together: one stream through memory, the next page prefetched).
+// Head g's q at q + (g - g0) * qg, its o at o + (g - g0) * og, m and l at + (g - g0) * mg.
+void attention_segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
+                             float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile);
 // The reference (portable) version of attention_segment, also the non-x86 path.
 void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
                            float* o, float* m, float* l, float* tile);

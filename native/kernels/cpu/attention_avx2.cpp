@@ -1,207 +1,159 @@
-// attention_avx2.cpp — one context segment of causal attention, AVX2 + FMA + F16C
+// attention_avx2.cpp — decode attention: segments of one query's context, AVX2 + FMA + F16C
 // (compiled with -mavx2 -mfma -mf16c; reached only when cpuid reports them, see
-// attention_cpu.cpp). Same contract and same arithmetic order as attention_segment_ref.
+// attention_cpu.cpp). Same contract as attention_segment_ref (not the same summation order).
 //
-// Online softmax a page at a time: for each query head, the scores of the page's keys
-// (8 keys per register group, a horizontal-add tree turns 8 dot-product accumulators into
-// one vector of 8 scores), the running max / sum update, then o = o·alpha + Σ p_t v_t with
-// o [D] held in registers. f16 / nvfp4 pages are widened once per page into an f32 tile
-// that the G heads of the group share (GQA).
+// Online softmax a page at a time (page_group): the scores of the page's keys for the G query
+// heads of a KV head (4 keys × up to 3 heads per block, so each K load feeds 3 FMAs), the
+// running max / sum update per head, then o = o·alpha + Σ p_t v_t two heads at a time. f16
+// pages are read in place (F16C in registers); nvfp4 pages are decoded once per page into an
+// f32 tile the G heads share. A segment's pages are walked once for all KV heads (contiguous
+// reads) with the next page prefetched. The prefill kernel (attention_prefill_avx2.cpp) runs
+// the same arithmetic (summation tree, softmax_update, pv_rows), so prefill == decode bit for bit.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/kernels_impl.h"
 #include "kernels/cpu/vec_avx2.h"
 #include "kvdeck/ops_cpu.h"
 
 namespace kvdeck::cpu {
 namespace {
+using attn_avx2::load8;
+using attn_avx2::page_rows;
+using attn_avx2::pv_rows;
+using attn_avx2::softmax_update;
 
-
-inline float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Scores of 8 keys: lane j = q · k[j] (k rows of D floats, row stride ks).
-template <int D>
-inline __m256 dot8(const float* q, const float* k, size_t ks) {
-  __m256 a[8];
-  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+// Scores of 4 keys for up to 3 query heads (HB) sharing the K loads: lane j of out[h] =
+// scale·(q_h · k_j), summed as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) over the 8 lanes of the
+// FMA chains q[8c+l]·k[8c+l] (c ascending): the order of the prefill kernel.
+template <int D, int HB, typename T>
+inline void dot4(const float* q, const T* k, size_t ks, float scale, float* out /*[HB][64] at key j0*/) {
+  __m256 a[HB][4];
+  for (int h = 0; h < HB; ++h)
+    for (int j = 0; j < 4; ++j) a[h][j] = _mm256_setzero_ps();
   for (int c = 0; c < D; c += 8) {
-    const __m256 qc = _mm256_loadu_ps(q + c);
-    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + j * ks + c), a[j]);
-  }
-  // hadd tree: 8 accumulators -> [sum a0 .. sum a7]
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// Rows [t, t+n) of KV head g of one page, as f32 rows: a pointer into the page (f32) or
-// the widened tile (f16, nvfp4). Returns the row stride in floats.
-size_t page_rows(const KvView& kv, const void* base, int page, int g, int n, float* tile,
-                 const float** rows) {
-  const int D = kv.D;
-  if (kv.dtype == KvDType::F32) {
-    *rows = static_cast<const float*>(base) + (size_t(page) * kv.block * kv.nkv + g) * D;
-    return size_t(kv.nkv) * D;
-  }
-  const size_t rb = kv_row_bytes(kv.dtype, D);
-  const uint8_t* p = static_cast<const uint8_t*>(base) + (size_t(page) * kv.block * kv.nkv + g) * rb;
-  for (int t = 0; t < n; ++t, p += rb * kv.nkv) {
-    float* dst = tile + size_t(t) * D;
-    if (kv.dtype == KvDType::F16) {
-      const auto* h = reinterpret_cast<const uint16_t*>(p);
-      for (int c = 0; c < D; c += 8)
-        _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + c))));
-    } else {
-      kv_nvfp4_decode_row(p, D, dst);
+    __m256 kc[4];
+    for (int j = 0; j < 4; ++j) kc[j] = load8(k + j * ks + c);
+    for (int h = 0; h < HB; ++h) {
+      const __m256 qc = _mm256_loadu_ps(q + h * D + c);
+      for (int j = 0; j < 4; ++j) a[h][j] = _mm256_fmadd_ps(qc, kc[j], a[h][j]);
     }
   }
-  *rows = tile;
-  return size_t(D);
+  for (int h = 0; h < HB; ++h) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
+    const __m128 sc = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    _mm_storeu_ps(out + h * 64, _mm_mul_ps(sc, _mm_set1_ps(scale)));
+  }
 }
 
-// One query head's step over one page: the scores of its n keys (masked past n), the online
-// softmax update of (m, l), then o = o * alpha + sum_t p_t v_t with o [D] in registers.
-// Every caller (one query's segment, or a tile of queries sharing the page) runs exactly this
-// arithmetic per (query head, page), so decode and prefill agree bit for bit.
-// D is a template parameter so the score accumulators and o [D] stay in registers (a run-
-// time D left them on the stack: every FMA became a load + store).
-template <int D>
-inline void page_step(const float* qh, const float* K, size_t ks, const float* V, size_t vs, int n, float scale,
-                      float* oh, float* m, float* l, float* kpad /*[8, D] zeros*/, float* p /*[64]*/) {
-  constexpr int Dv = D / 8;
-  const __m256 vscale = _mm256_set1_ps(scale);
-  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-  // ---- scores of the page, masked past n ----
-  __m256 s[8];  // B <= 64
-  const int ng = (n + 7) / 8;
-  __m256 vmax = _mm256_set1_ps(-INFINITY);
-  for (int gi = 0; gi < ng; ++gi) {
-    const int j0 = gi * 8;
-    const float* kr = K + j0 * ks;
-    size_t stride = ks;
-    if (j0 + 8 > n) {  // partial group: copy the valid rows next to zero rows
-      for (int j = 0; j < n - j0; ++j) std::memcpy(kpad + j * D, kr + j * ks, sizeof(float) * D);
-      kr = kpad, stride = D;
+// The G query heads of one KV head over one page of n keys (K, V: f32 rows or f16 rows read
+// in place): scores (heads in blocks of 3 sharing each K load), the online softmax update per
+// head, then o = o·alpha + Σ p_t v_t two heads at a time (each V load feeds two FMAs).
+template <int D, typename T>
+void page_group(const float* q, int G, const T* K, size_t ks, const T* V, size_t vs, int n, float scale, float* o,
+                float* m, float* l, float* S /*[G][64]*/, float* P /*[G][64]*/) {
+  alignas(32) float kpad[4 * D];  // the last keys of a partial group of 4, zero rows after them
+  for (int j0 = 0; j0 < n; j0 += 4) {
+    const T* kr = K + j0 * ks;
+    const float* kf = nullptr;
+    if (j0 + 4 > n) {
+      std::memset(kpad, 0, sizeof(kpad));
+      for (int j = 0; j < n - j0; ++j)
+        for (int c = 0; c < D; c += 8) _mm256_store_ps(kpad + j * D + c, load8(kr + j * ks + c));
+      kf = kpad;
     }
-    __m256 sc = _mm256_mul_ps(dot8<D>(qh, kr, stride), vscale);
-    const __m256 valid = _mm256_cmp_ps(lane, _mm256_set1_ps(float(n - j0)), _CMP_LT_OQ);
-    sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, valid);
-    s[gi] = sc;
-    vmax = _mm256_max_ps(vmax, sc);
-    if (j0 + 8 > n)
-      for (int j = 0; j < n - j0; ++j) std::memset(kpad + j * D, 0, sizeof(float) * D);
+    for (int h0 = 0; h0 < G; h0 += 3) {
+      float* out = S + h0 * 64 + j0;
+      const float* qh = q + size_t(h0) * D;
+      switch (G - h0 < 3 ? G - h0 : 3) {
+        case 3: kf ? dot4<D, 3>(qh, kf, D, scale, out) : dot4<D, 3>(qh, kr, ks, scale, out); break;
+        case 2: kf ? dot4<D, 2>(qh, kf, D, scale, out) : dot4<D, 2>(qh, kr, ks, scale, out); break;
+        default: kf ? dot4<D, 1>(qh, kf, D, scale, out) : dot4<D, 1>(qh, kr, ks, scale, out); break;
+      }
+    }
   }
-  // ---- online softmax update ----
-  const float mx = hmax(vmax);
-  const float m_new = mx > *m ? mx : *m;
-  const float alpha = flush_exp(*m - m_new);  // 0 on the first page (m = -inf)
-  __m256 psum = _mm256_setzero_ps();
-  const __m256 vm = _mm256_set1_ps(m_new);
-  for (int gi = 0; gi < ng; ++gi) {
-    const __m256 valid = _mm256_cmp_ps(s[gi], _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s[gi], vm)), valid);
-    _mm256_store_ps(p + gi * 8, e);
-    psum = _mm256_add_ps(psum, e);
+  const int ne = (n + 7) / 8 * 8;
+  float alpha[64];
+  for (int h = 0; h < G; ++h) {
+    for (int j = n; j < ne; ++j) S[h * 64 + j] = -INFINITY;
+    alpha[h] = softmax_update(S + h * 64, n, m + h, l + h, P + h * 64);
   }
-  *l = *l * alpha + hsum(psum);
-  *m = m_new;
-  // ---- o = o * alpha + sum_t p_t v_t ----
-  __m256 acc[Dv];
-  const __m256 va = _mm256_set1_ps(alpha);
-  for (int c = 0; c < Dv; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(oh + 8 * c), va);
-  for (int t = 0; t < n; ++t) {
-    const __m256 pt = _mm256_broadcast_ss(p + t);
-    const float* vt = V + t * vs;
-    for (int c = 0; c < Dv; ++c) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * c), acc[c]);
-  }
-  for (int c = 0; c < Dv; ++c) _mm256_storeu_ps(oh + 8 * c, acc[c]);
-}
-
-template <int D>
-void segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale, float* o,
-             float* m, float* l, float* tile) {
-  const int B = kv.block;
-  float* ktile = tile;                    // [B, D]
-  float* vtile = tile + size_t(B) * D;    // [B, D]
-  alignas(32) float kpad[8 * D];          // zero rows that complete a group of 8 keys
-  alignas(32) float p[64];                // probabilities of one page (B <= 64)
-  std::memset(kpad, 0, sizeof(float) * 8 * D);
-  for (int h = 0; h < G; ++h) m[h] = -INFINITY, l[h] = 0.0f;
-  std::memset(o, 0, sizeof(float) * G * D);
-  for (int ps = t0; ps < t1; ps += B) {
-    const int n = t1 - ps < B ? t1 - ps : B;
-    const int page = kv.pages[ps / B];
-    const float *K, *V;
-    const size_t ks = page_rows(kv, kv.k, page, g, n, ktile, &K);
-    const size_t vs = page_rows(kv, kv.v, page, g, n, vtile, &V);
-    for (int h = 0; h < G; ++h)
-      page_step<D>(q + size_t(h) * D, K, ks, V, vs, n, scale, o + size_t(h) * D, m + h, l + h, kpad, p);
+  for (int h = 0; h < G; h += 2) {
+    const float* pr[2] = {P + h * 64, P + (h + 1) * 64};
+    float* orow[2] = {o + size_t(h) * D, o + size_t(h + 1) * D};
+    const int nn[2] = {n, n};
+    if (h + 1 < G)
+      pv_rows<D, 2>(V, vs, pr, nn, alpha + h, orow);
+    else
+      pv_rows<D, 1>(V, vs, pr, nn, alpha + h, orow);
   }
 }
 
-// Rows r of a segment starting at t0 that share its pages: row r (a query head) ends at
-// end[r] (> t0, at most t0 + segment); the page is loaded (widened) once for all of them.
+// KV heads g0..g1-1 of one segment, pages outermost: a page's rows of every head are read
+// together and the next page is prefetched while this one is computed.
 template <int D>
-void segment_rows(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0, float scale,
-                  float* const* o, float* const* m, float* const* l, float* tile) {
+void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
+                   float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile) {
   const int B = kv.block;
-  int t1 = t0;
-  for (int r = 0; r < R; ++r) t1 = end[r] > t1 ? end[r] : t1;
-  float* ktile = tile;
-  float* vtile = tile + size_t(B) * D;
-  alignas(32) float kpad[8 * D];
-  alignas(32) float p[64];
-  std::memset(kpad, 0, sizeof(float) * 8 * D);
-  for (int r = 0; r < R; ++r) {
-    *m[r] = -INFINITY, *l[r] = 0.0f;
-    std::memset(o[r], 0, sizeof(float) * D);
+  float* ktile = tile;                  // [B, D]
+  float* vtile = tile + size_t(B) * D;  // [B, D]
+  alignas(32) float S[64 * 64], P[64 * 64];  // scores, probabilities [G <= 64][B <= 64]
+  for (int g = g0; g < g1; ++g) {
+    for (int h = 0; h < G; ++h) m[(g - g0) * mg + h] = -INFINITY, l[(g - g0) * mg + h] = 0.0f;
+    for (int h = 0; h < G; ++h) std::memset(o + (g - g0) * og + size_t(h) * D, 0, sizeof(float) * D);
   }
   for (int ps = t0; ps < t1; ps += B) {
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
-    const float *K, *V;
-    const size_t ks = page_rows(kv, kv.k, page, g, n, ktile, &K);
-    const size_t vs = page_rows(kv, kv.v, page, g, n, vtile, &V);
-    for (int r = 0; r < R; ++r) {
-      if (end[r] <= ps) continue;
-      const int nr = end[r] - ps < n ? end[r] - ps : n;
-      page_step<D>(q[r], K, ks, V, vs, nr, scale, o[r], m[r], l[r], kpad, p);
+    if (ps + B < t1) attn_avx2::prefetch_page(kv, kv.pages[ps / B + 1]);
+    const bool in_place16 = kv.dtype == KvDType::F16 && !(kv.fresh_k && ps + n > kv.fresh0);
+    for (int g = g0; g < g1; ++g) {
+      const float* qh = q + (g - g0) * qg;
+      float *oh = o + (g - g0) * og, *mh = m + (g - g0) * mg, *lh = l + (g - g0) * mg;
+      if (in_place16) {  // f16 rows widened in registers as they are used (no tile stores)
+        const size_t ts = size_t(kv.nkv) * D, at = (size_t(page) * B * kv.nkv + g) * D;
+        const uint16_t* K = static_cast<const uint16_t*>(kv.k) + at;
+        const uint16_t* V = static_cast<const uint16_t*>(kv.v) + at;
+        page_group<D>(qh, G, K, ts, V, ts, n, scale, oh, mh, lh, S, P);
+        continue;
+      }
+      const float *K, *V;
+      const size_t ks = page_rows<D>(kv, kv.k, kv.fresh_k, page, ps, g, n, ktile, &K);
+      const size_t vs = page_rows<D>(kv, kv.v, kv.fresh_v, page, ps, g, n, vtile, &V);
+      page_group<D>(qh, G, K, ks, V, vs, n, scale, oh, mh, lh, S, P);
     }
   }
 }
 
 }  // namespace
 
-void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
-                            float scale, float* o, float* m, float* l, float* tile) {
+void attention_heads_avx2(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
+                          float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile) {
+  if (G > 64) {  // beyond the kernel's score buffers: the portable kernel
+    for (int g = g0; g < g1; ++g)
+      attention_segment_ref(kv, g, q + (g - g0) * qg, G, t0, t1, scale, o + (g - g0) * og, m + (g - g0) * mg,
+                            l + (g - g0) * mg, tile);
+    return;
+  }
   switch (kv.D) {
-    case 64: return segment<64>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
-    case 128: return segment<128>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
-    case 32: return segment<32>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
-    case 96: return segment<96>(kv, g, q, G, t0, t1, scale, o, m, l, tile);
-    default: return attention_segment_ref(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+    case 64: return segment_heads<64>(kv, g0, g1, q, qg, G, t0, t1, scale, o, og, m, l, mg, tile);
+    case 128: return segment_heads<128>(kv, g0, g1, q, qg, G, t0, t1, scale, o, og, m, l, mg, tile);
+    case 32: return segment_heads<32>(kv, g0, g1, q, qg, G, t0, t1, scale, o, og, m, l, mg, tile);
+    case 96: return segment_heads<96>(kv, g0, g1, q, qg, G, t0, t1, scale, o, og, m, l, mg, tile);
+    default:
+      for (int g = g0; g < g1; ++g)
+        attention_segment_ref(kv, g, q + (g - g0) * qg, G, t0, t1, scale, o + (g - g0) * og, m + (g - g0) * mg,
+                              l + (g - g0) * mg, tile);
   }
 }
 
-bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
-                         float scale, float* const* o, float* const* m, float* const* l, float* tile) {
-  switch (kv.D) {
-    case 64: segment_rows<64>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
-    case 128: segment_rows<128>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
-    case 32: segment_rows<32>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
-    case 96: segment_rows<96>(kv, g, R, q, end, t0, scale, o, m, l, tile); return true;
-    default: return false;
-  }
+void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
+                            float* o, float* m, float* l, float* tile) {
+  attention_heads_avx2(kv, g, g + 1, q, 0, G, t0, t1, scale, o, 0, m, l, 0, tile);
 }
 
 }  // namespace kvdeck::cpu

@@ -51,15 +51,22 @@ KV_CLONES static void accumulate_tile(const float* p, int G, int D, const float*
   }
 }
 
-// Widen n token rows of KV head g from a page into tile f32 [n, D].
-static void widen(const KvView& kv, const void* base, int page, int g, int n, float* tile) {
+// Widen n token rows of KV head g from the page holding positions tp.. into tile f32 [n, D]
+// (tokens at positions >= kv.fresh0 from the fresh f32 rows when given).
+static void widen(const KvView& kv, const void* base, const float* fresh, int page, int tp, int g, int n,
+                  float* tile) {
   const size_t row = kv_row_bytes(kv.dtype, kv.D);
   const uint8_t* p = static_cast<const uint8_t*>(base) + (size_t(page) * kv.block * kv.nkv + g) * row;
   for (int t = 0; t < n; ++t, p += row * kv.nkv) {
-    if (kv.dtype == KvDType::F16)
-      f16_to_f32_row(reinterpret_cast<const uint16_t*>(p), tile + size_t(t) * kv.D, kv.D);
+    float* dst = tile + size_t(t) * kv.D;
+    if (fresh && tp + t >= kv.fresh0)
+      std::memcpy(dst, fresh + size_t(tp + t - kv.fresh0) * kv.fresh_ld + size_t(g) * kv.D, sizeof(float) * kv.D);
+    else if (kv.dtype == KvDType::F16)
+      f16_to_f32_row(reinterpret_cast<const uint16_t*>(p), dst, kv.D);
+    else if (kv.dtype == KvDType::NVFP4)
+      kv_nvfp4_decode_row(p, kv.D, dst);
     else
-      kv_nvfp4_decode_row(p, kv.D, tile + size_t(t) * kv.D);
+      std::memcpy(dst, p, sizeof(float) * kv.D);
   }
 }
 
@@ -70,7 +77,7 @@ void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t
   const int B = kv.block, D = kv.D;
   const size_t row = size_t(kv.nkv) * D;  // f32 stride between tokens in a page
   const size_t page_elems = size_t(B) * row;
-  const bool f32 = kv.dtype == KvDType::F32;
+  const bool f32 = kv.dtype == KvDType::F32 && !kv.fresh_k;  // read in place
   float* ktile = tile;                  // [B, D] widened rows
   float* vtile = tile + size_t(B) * D;  // [B, D]
   float p[256];                         // one page's probabilities (block <= 256)
@@ -86,8 +93,8 @@ void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t
       V = static_cast<const float*>(kv.v) + size_t(page) * page_elems + size_t(g) * D;
       stride = row;
     } else {
-      widen(kv, kv.k, page, g, n, ktile);
-      widen(kv, kv.v, page, g, n, vtile);
+      widen(kv, kv.k, kv.fresh_k, page, ps, g, n, ktile);
+      widen(kv, kv.v, kv.fresh_v, page, ps, g, n, vtile);
     }
     for (int h = 0; h < G; ++h) {
       scores_tile(q + size_t(h) * D, 1, D, K, n, stride, scale, p, n);
@@ -117,6 +124,18 @@ void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, i
   if (neon_active()) return attention_segment_neon(kv, g, q, G, t0, t1, scale, o, m, l, tile);
 #endif
   attention_segment_ref(kv, g, q, G, t0, t1, scale, o, m, l, tile);
+}
+
+void attention_segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
+                             float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_supports("avx2");
+  if (avx2 && kv.D % 8 == 0 && kv.D <= 128 && kv.block <= 64)
+    return attention_heads_avx2(kv, g0, g1, q, qg, G, t0, t1, scale, o, og, m, l, mg, tile);
+#endif
+  for (int g = g0; g < g1; ++g)  // one head at a time through the ISA's segment kernel
+    attention_segment(kv, g, q + (g - g0) * qg, G, t0, t1, scale, o + (g - g0) * og, m + (g - g0) * mg,
+                      l + (g - g0) * mg, tile);
 }
 
 void attention_combine(const float* o, const float* m, const float* l, int S, int G, int D, float* out) {

@@ -34,7 +34,11 @@ void silu_mul_row_avx2(const float* a, const float* b, int n, float* y);
 // attention_segment (ops_cpu.h) for D % 8 == 0, D <= 128, block <= 64 (attention_avx2.cpp).
 void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int t0, int t1,
                             float scale, float* o, float* m, float* l, float* tile);
-// Page-sharing rows of one segment (attention_avx2.cpp): false when D has no AVX2 kernel.
+// attention_segment_heads (ops_cpu.h) for the same shapes (attention_avx2.cpp).
+void attention_heads_avx2(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
+                          float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile);
+// Page-sharing rows of one segment, flash style (attention_prefill_avx2.cpp): false when D
+// has no AVX2 kernel.
 bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
                          float scale, float* const* o, float* const* m, float* const* l, float* tile);
 // W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; shared by the AVX-512 set).

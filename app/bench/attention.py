@@ -1,0 +1,151 @@
+"""`kvdeck bench attention [--json] [--quick]`: CPU attention against the memory roofline.
+
+Decode (one query after ctx tokens) over f16 and nvfp4 KV pages, through the CPU backend's
+attention op (the engine's own call, BackendOps.attention_timing), on 1 and 2 threads:
+  * "layer": µs per step of one layer (its K/V stay in cache between repetitions);
+  * "model": µs per step of every layer (each layer's own K/V: streamed from DRAM as in a
+    real decode step), the KV bytes that step reads per second, and that over the same run's
+    copy bandwidth (numpy, 256 MiB, read + write counted): the roofline fraction.
+Prefill: a tail of new tokens over a cached prefix (the seed-000 shape: 500 over 4,000),
+attention alone, every layer. Shapes: SmolLM2-135M (9 q heads, 3 KV heads, D 64, 30 layers)
+and a Llama-8B-like 32 / 8 / 128 with 32 layers. Each KV format is validated against a
+float64 softmax before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+SHAPES = {  # name: (q heads, KV heads, D, layers)
+    "smollm2-135m": (9, 3, 64, 30),
+    "llama-8b-like": (32, 8, 128, 32),
+}
+CONTEXTS = (2048, 8192)
+KV_FORMATS = ("f16", "nvfp4")
+THREADS = (1, 2)
+PREFILL = (4000, 500)  # cached tokens, new tokens
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "asimd", "asimddp")  # /proc/cpuinfo names
+
+
+def kv_row_bytes(kv: str, D: int) -> int:
+    return {"f32": 4 * D, "f16": 2 * D, "nvfp4": D // 2 + D // 16}[kv]
+
+
+def step_bytes(kv: str, ctx: int, nkv: int, D: int, layers: int) -> int:
+    """KV bytes one decode step reads: every token's K and V row of every KV head and layer."""
+    return 2 * ctx * nkv * kv_row_bytes(kv, D) * layers
+
+
+def validate(kv: str) -> float:
+    """Max error of the backend's decode and prefill attention against float64 (relative to
+    max |v|) on the values the pool stores; raises when above 1e-4."""
+    from app.engine import _native
+
+    rng = np.random.default_rng(1)
+    nh, nkv, D, p0, M = 9, 3, 64, 530, 7
+    k = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    v = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    q = rng.standard_normal((M, nh * D)).astype(np.float32)
+    if kv == "nvfp4":
+        store = lambda x: _native.kv_nvfp4_roundtrip(x.reshape(-1, D))[1].reshape(x.shape)  # noqa: E731
+    else:
+        store = lambda x: x.astype(np.float16).astype(np.float32)  # noqa: E731
+    kd, vd = store(k).astype(np.float64), store(v).astype(np.float64)
+    ops = _native.BackendOps("cpu", 2)
+    worst = 0.0
+    for p, m in ((p0 + M - 1, 1), (p0, M)):  # one decode step, one prefill tile
+        out = ops.attention(q[-m:], k[:p + m], v[:p + m], p, kv)
+        for i in range(m):
+            c = p + i + 1
+            for h in range(nh):
+                g = h // (nh // nkv)
+                s = kd[:c, g] @ q[-m + i, h * D:(h + 1) * D].astype(np.float64) / np.sqrt(D)
+                w = np.exp(s - s.max())
+                ref = (w / w.sum()) @ vd[:c, g]
+                worst = max(worst, float(np.abs(out[i, h * D:(h + 1) * D] - ref).max() / np.abs(v).max()))
+    if worst > 1e-4:
+        raise RuntimeError(f"{kv} attention differs from float64 by {worst:.2e} of max|v|")
+    return worst
+
+
+def cpu_flags() -> dict:
+    """The FLAGS this CPU reports (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set()
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have.update(line.split(":", 1)[1].split())
+    except OSError:
+        have = set()
+    return {f: f in have for f in FLAGS}
+
+
+def _best(ops, *args, repeat, **kw) -> float:
+    secs, _ = ops.attention_timing(*args, repeat=repeat, **kw)
+    return min(secs)
+
+
+def run(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="kvdeck bench attention", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    ap.add_argument("--quick", action="store_true", help="SmolLM2 shape only, fewer repetitions")
+    args = ap.parse_args(argv)
+    from app.bench.kernels import copy_bandwidth
+    from app.engine import _native
+
+    say = (lambda *a: None) if args.json else print
+    flags = cpu_flags()
+    flags["kernels"] = _native.kernels.kernel_isa()
+    out: dict = {"flags": flags, "load_before": os.getloadavg()[0], "validation": {}, "decode": [], "prefill": []}
+    try:
+        for kv in KV_FORMATS:
+            out["validation"][kv] = validate(kv)
+    except RuntimeError as e:
+        print(f"validation failed: {e}", file=sys.stderr)
+        return 1
+    copy = copy_bandwidth()
+    out["copy_gbs"] = copy / 1e9
+    say(f"CPU flags: {' '.join(f for f in FLAGS if flags.get(f))} (kernels {flags['kernels']}); load {out['load_before']:.2f}; "
+        f"copy bandwidth {copy / 1e9:.1f} GB/s; validation (max err / max|v|): "
+        + ", ".join(f"{kv} {e:.1e}" for kv, e in out["validation"].items()))
+    shapes = {"smollm2-135m": SHAPES["smollm2-135m"]} if args.quick else SHAPES
+    reps = 3 if args.quick else 5
+
+    say("\ndecode: one query after ctx tokens (µs per step; GB/s of KV read; fraction of copy bandwidth)")
+    say(f"{'shape':14} {'ctx':>5} {'kv':6} {'thr':>3} {'layer µs':>9} {'model µs':>10} {'GB/s':>6} {'roofline':>8}")
+    for name, (nh, nkv, D, layers) in shapes.items():
+        for ctx in CONTEXTS:
+            for kv in KV_FORMATS:
+                for th in THREADS:
+                    ops = _native.BackendOps("cpu", th)
+                    one = _best(ops, nh, nkv, D, ctx - 1, 1, kv=kv, layers=1, repeat=10 * reps)
+                    full = _best(ops, nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers, repeat=reps)
+                    gbs = step_bytes(kv, ctx, nkv, D, layers) / full / 1e9
+                    row = dict(shape=name, ctx=ctx, kv=kv, threads=th, layer_us=one * 1e6, model_us=full * 1e6,
+                               gbs=gbs, roofline=gbs * 1e9 / copy)
+                    out["decode"].append(row)
+                    say(f"{name:14} {ctx:5d} {kv:6} {th:3d} {one * 1e6:9.0f} {full * 1e6:10.0f} {gbs:6.1f} "
+                        f"{row['roofline']:8.2f}")
+
+    p0, M = PREFILL
+    say(f"\nprefill attention: {M} new tokens over {p0} cached, every layer (ms)")
+    for name, (nh, nkv, D, layers) in shapes.items():
+        for kv in KV_FORMATS:
+            for th in THREADS:
+                ops = _native.BackendOps("cpu", th)
+                t = _best(ops, nh, nkv, D, p0, M, kv=kv, layers=layers, repeat=2 if args.quick else 3)
+                pairs = M * nh * (p0 + (M + 1) / 2) * layers  # (query head, key) pairs
+                row = dict(shape=name, kv=kv, threads=th, cached=p0, new=M, ms=t * 1e3,
+                           gflops=4 * D * pairs / t / 1e9)
+                out["prefill"].append(row)
+                say(f"{name:14} {kv:6} {th} threads {t * 1e3:8.1f} ms  {row['gflops']:6.1f} GFLOP/s")
+    out["load_after"] = os.getloadavg()[0]
+    say(f"\nload after: {out['load_after']:.2f}")
+    if args.json:
+        print(json.dumps(out, indent=1))
+    return 0

@@ -1,0 +1,177 @@
+// attention_avx2.h — private to attention_avx2.cpp / attention_prefill_avx2.cpp (compiled
+// with -mavx2 -mfma -mf16c): the f32 rows a page step reads, the horizontal max, prefetch.
+//
+// Rows come from the pool page (f32: read in place; f16: F16C; nvfp4: decoded with a permute
+// of a per-block scaled table, bit for bit kv_nvfp4_decode_row) or, for the tokens at
+// positions >= kv.fresh0 when kv.fresh_k is set (attention_fresh), from the chunk's f32 rows.
+#pragma once
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kvdeck/formats.h"
+#include "kernels/cpu/vec_avx2.h"
+#include "kvdeck/ops_cpu.h"
+
+namespace kvdeck::cpu::attn_avx2 {
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// E4M3 (float8_e4m3fn) code -> f32, NaN codes as 0 (the KV encoder never writes them), as
+// the scalar row decoder does.
+inline const float* e4m3_kv_table() {
+  struct T {
+    float v[256];
+    T() {
+      for (int i = 0; i < 256; ++i) {
+        v[i] = e4m3_to_f32(uint8_t(i));
+        if (std::isnan(v[i])) v[i] = 0.0f;
+      }
+    }
+  };
+  static const T t;
+  return t.v;
+}
+
+// One NVFP4 KV row (codes [D/2], E4M3 scales [D/16]) -> f32 [D]. Per block of 16: the table
+// {0, .5, 1, 1.5, 2, 3, 4, 6} times the block's scale; a dword of 8 codes broadcast and shifted
+// by 4j puts code j in lane j's low bits, vpermps looks up its magnitude (low 3 bits), the
+// code's bit 3 becomes the sign. (±m)·s rounds as m·s, so this is kv_nvfp4_decode_row exactly.
+inline void nvfp4_row(const uint8_t* row, int D, float* dst, const float* e4m3) {
+  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u)));
+  const uint8_t* sc = row + D / 2;
+  for (int b = 0; b < D / 16; ++b) {
+    const __m256 tab = _mm256_mul_ps(mag, _mm256_set1_ps(e4m3[sc[b]]));
+    for (int h = 0; h < 2; ++h) {
+      int32_t w;
+      std::memcpy(&w, row + b * 8 + h * 4, 4);
+      const __m256i c = _mm256_srlv_epi32(_mm256_set1_epi32(w), shift);
+      const __m256 v = _mm256_permutevar8x32_ps(tab, c);
+      const __m256 s = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(c, 28)), sign);
+      _mm256_storeu_ps(dst + b * 16 + h * 8, _mm256_xor_ps(v, s));
+    }
+  }
+}
+
+// Rows [0, n) of KV head g of the page holding positions tp.. (K or V: base, fresh), as f32
+// rows: a pointer into the page (f32 pool, no fresh rows among them) or rows written into
+// tile [n, D]. Returns the row stride in floats.
+template <int D>
+inline size_t page_rows(const KvView& kv, const void* base, const float* fresh, int page, int tp, int g, int n,
+                        float* tile, const float** rows) {
+  int pooled = n;  // rows read from the pool; the rest from the fresh f32 rows
+  if (fresh) pooled = kv.fresh0 - tp < 0 ? 0 : (kv.fresh0 - tp < n ? kv.fresh0 - tp : n);
+  const size_t rb = kv_row_bytes(kv.dtype, D), ts = rb * kv.nkv;
+  const uint8_t* p = static_cast<const uint8_t*>(base) + (size_t(page) * kv.block * kv.nkv + g) * rb;
+  if (kv.dtype == KvDType::F32 && pooled == n) {
+    *rows = reinterpret_cast<const float*>(p);
+    return size_t(kv.nkv) * D;
+  }
+  const float* e4m3 = kv.dtype == KvDType::NVFP4 ? e4m3_kv_table() : nullptr;
+  for (int t = 0; t < pooled; ++t, p += ts) {
+    float* dst = tile + size_t(t) * D;
+    if (kv.dtype == KvDType::F16) {
+      const auto* h = reinterpret_cast<const __m128i*>(p);
+      for (int c = 0; c < D / 8; ++c) _mm256_storeu_ps(dst + 8 * c, _mm256_cvtph_ps(_mm_loadu_si128(h + c)));
+    } else if (kv.dtype == KvDType::NVFP4) {
+      nvfp4_row(p, D, dst, e4m3);
+    } else {
+      std::memcpy(dst, p, sizeof(float) * D);
+    }
+  }
+  for (int t = pooled; t < n; ++t)
+    std::memcpy(tile + size_t(t) * D, fresh + size_t(tp + t - kv.fresh0) * kv.fresh_ld + size_t(g) * D,
+                sizeof(float) * D);
+  *rows = tile;
+  return size_t(D);
+}
+
+// 8 values of a K/V row as f32: f32 rows as they are, f16 rows widened in the register (exact).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// The online softmax update of one row over its nr scores S (the reference order: a page's max, alpha, e^(s - m), their sum):
+// m, l updated, P = e^(S - m_new) (0 where masked); returns alpha.
+inline float softmax_update(const float* S, int nr, float* m, float* l, float* P) {
+  const int ng = (nr + 7) / 8;
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int gi = 0; gi < ng; ++gi) vmax = _mm256_max_ps(vmax, _mm256_load_ps(S + 8 * gi));
+  const float mx = hmax(vmax);
+  const float m_new = mx > *m ? mx : *m;
+  const float alpha = flush_exp(*m - m_new);
+  __m256 psum = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m_new);
+  for (int gi = 0; gi < ng; ++gi) {
+    const __m256 s = _mm256_load_ps(S + 8 * gi);
+    const __m256 valid = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s, vm)), valid);
+    _mm256_store_ps(P + 8 * gi, e);
+    psum = _mm256_add_ps(psum, e);
+  }
+  *l = *l * alpha + hsum(psum);
+  *m = m_new;
+  return alpha;
+}
+
+// ============================================================================
+// o = o·alpha + Σ_{t < n} p_t v_t for NR rows at once, 32 columns at a time (4·NR
+// accumulators, each V load feeding NR FMAs); per element the FMA chain o·alpha, then + p_t·v_t for t ascending.
+// ============================================================================
+template <int D, int NR, typename T>
+inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, const float* alpha,
+                    float* const* o) {
+  static_assert(D % 32 == 0, "32 columns at a time");
+  int nc = n[0];
+  for (int r = 1; r < NR; ++r) nc = n[r] < nc ? n[r] : nc;
+  for (int c0 = 0; c0 < D; c0 += 32) {  // the keys every row sees: accumulators in registers
+    __m256 x[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) x[r][c] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0 + 8 * c), _mm256_set1_ps(alpha[r]));
+    const T* vt = V + c0;
+    for (int t = 0; t < nc; ++t, vt += vs) {
+      __m256 p[NR];
+      for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P[r] + t);
+      for (int c = 0; c < 4; ++c) {
+        __m256 v = load8(vt + 8 * c);
+        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
+        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);
+  }
+  for (int r = 0; r < NR; ++r)  // rows that see more keys of this page (the causal edge): the
+    for (int c0 = 0; c0 < D; c0 += 32) {  // same chains, continued from the stored partials
+      __m256 x[4];
+      for (int c = 0; c < 4; ++c) x[c] = _mm256_loadu_ps(o[r] + c0 + 8 * c);
+      for (int t = nc; t < n[r]; ++t)
+        for (int c = 0; c < 4; ++c)
+          x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P[r] + t), load8(V + t * vs + c0 + 8 * c), x[c]);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[c]);
+    }
+}
+
+// Prefetch a whole page (every head, K and V) into L2: pages are scattered in the pool, so the
+// hardware's stream prefetcher cannot see the next one coming.
+inline void prefetch_page(const KvView& kv, int page) {
+  const size_t bytes = size_t(kv.block) * kv.nkv * kv_row_bytes(kv.dtype, kv.D);
+  const char* k = static_cast<const char*>(kv.k) + size_t(page) * bytes;
+  const char* v = static_cast<const char*>(kv.v) + size_t(page) * bytes;
+  for (size_t off = 0; off < bytes; off += 64) {
+    _mm_prefetch(k + off, _MM_HINT_T1);
+    _mm_prefetch(v + off, _MM_HINT_T1);
+  }
+}
+
+}  // namespace kvdeck::cpu::attn_avx2
+#endif  // __x86_64__
