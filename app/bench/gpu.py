@@ -10,6 +10,8 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
   * Llama-3-8B-shaped (nvfp4 layers and head, nvfp4 KV): decode µs/token after 16 and 4096
     tokens and prefill tok/s of 512 tokens, against the roofline (weight bytes + KV bytes read
     per token over the device copy bandwidth measured in the same run).
+  * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
+    batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu).
   * --kernels: native/kernels/cuda/bench/run_bench.py (GEMV vs torch FP16 on the 8B shapes,
     decode attention at 4K / 16K / 32K), its summary folded in.
 Each figure is the median of --reps timed repetitions after a warm-up. Device copy bandwidth:
@@ -107,6 +109,16 @@ def prefill_tps(eng, n: int, reps: int) -> float:
     return n / statistics.median(times)
 
 
+def prefill_gemv_chunks(model: str, reps: int, **kw) -> float:
+    """Prefill tok/s (512) with M > 8 matmuls as batch-8 GEMV chunks: the A/B of the tensor-core GEMM."""
+    os.environ["KVDECK_CUDA_MMA"] = "0"
+    try:
+        eng = gpu_model.build(model, "nvfp4", "f16" if model.startswith("smollm2") else "nvfp4", "cuda", **kw)
+    finally:
+        os.environ.pop("KVDECK_CUDA_MMA")
+    return prefill_tps(eng, 512, reps)
+
+
 def smollm2(reps: int, out: dict) -> None:
     t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=0)
     rows = []
@@ -128,12 +140,16 @@ def smollm2(reps: int, out: dict) -> None:
     eager = decode_us(eng, 64, 64, reps)
     del eng
     print(f"  smollm2 f16 KV without CUDA graphs: decode {eager:7.1f} µs/token @64", flush=True)
+    gemv_pf = prefill_gemv_chunks("smollm2-135m", reps, tensors=t, max_context=4096)
+    print(f"  smollm2 f16 KV prefill with batch-8 GEMV chunks (KVDECK_CUDA_MMA=0): {gemv_pf:8.0f} tok/s (512)",
+          flush=True)
     cpu = gpu_model.build("smollm2-135m", "nvfp4", "f16", "cpu", tensors=t, max_context=4096)
     cpu_us = decode_us(cpu, 64, 16, max(1, reps // 2))
     cpu_pf = prefill_tps(cpu, 512, 1)
     print(f"  smollm2 on the CPU backend ({cpu.threads} threads): decode {cpu_us:7.1f} µs/token @64, "
           f"prefill {cpu_pf:6.0f} tok/s", flush=True)
-    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "cpu_decode_us_64": cpu_us,
+    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "prefill_tps_512_gemv_chunks": gemv_pf,
+                      "cpu_decode_us_64": cpu_us,
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}
 
 
@@ -142,7 +158,6 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
     t = gpu_model.random_tensors("llama3-8b", "nvfp4", "nvfp4", seed=0, embed="f16")
     eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", max_context=8192,
                           embed="f16")
-    del t
     wb = eng.weight_bytes - 128256 * 4096 * 2  # the embedding table is read one row a token
     r = {"weight_bytes_read": wb, "kv_bytes_per_token": eng.kv_bytes_per_token, "build_s": time.perf_counter() - t0}
     for ctx in (16, 4096):
@@ -153,12 +168,17 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
             r[f"roofline_us_{ctx}"] = floor
             r[f"roofline_fraction_{ctx}"] = floor / us
     r["prefill_tps_512"] = prefill_tps(eng, 512, max(1, reps // 2))
+    del eng
+    r["prefill_tps_512_gemv_chunks"] = prefill_gemv_chunks("llama3-8b", 1, tensors=t, head="nvfp4",
+                                                           max_context=8192, embed="f16")
+    del t
     out["llama3_8b"] = r
     for ctx in (16, 4096):
         frac = f", {r[f'roofline_fraction_{ctx}']:.2f} of roofline ({r[f'roofline_us_{ctx}']:.0f} µs)" if gbs else ""
         print(f"  llama3-8b nvfp4, nvfp4 KV: decode {r[f'decode_us_{ctx}']:8.1f} µs/token "
               f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
-    print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512)", flush=True)
+    print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512); with batch-8 GEMV chunks "
+          f"(KVDECK_CUDA_MMA=0) {r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
 
 
 def kernels(out: dict) -> None:

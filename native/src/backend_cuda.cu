@@ -11,7 +11,8 @@
 // step_end; the second step of a kind is captured and every later one replays it (positions,
 // KV slots and the page table are read from device memory, so one graph serves every step).
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
-// programmatic dependent launch (both for A/B measurements).
+// programmatic dependent launch; KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
+// instead of the tensor-core GEMM (all for A/B measurements).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -150,11 +151,23 @@ class CudaBackend final : public Backend {
     }
     q.valid = true;
   }
-  // M > 8 (prefill): the batch-8 kernels over row chunks of 8, each reading the weights once.
+  // M > 8 (prefill): NVFP4 / W4A8 / W8A8 on the tensor cores (gemm_mma.cu, the same integer
+  // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
+  // over row chunks of 8, each chunk re-reading the weights.
   void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
+    if (M > 8 && mma_ && is_integer(w.dtype)) {
+      const int fmt = w.dtype == DType::NVFP4 ? 0 : w.dtype == DType::W4A8 ? 1 : 2;
+      cudaError_t e = cuda::gemm_q8_mma(fmt, static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.group, w.N,
+                                        Kp, xq.act.q, xq.act.d, M, y, ldy, st_);
+      if (e == cudaSuccess && w.dtype == DType::W4A8 && w.mins)
+        e = cuda::w4a8_mins_add(static_cast<const uint16_t*>(w.mins), static_cast<const uint16_t*>(w.scales), w.N,
+                                Kp, xq.act.d, xq.act.s, M, y, ldy, st_);
+      if (e != cudaErrorInvalidValue) return check(e, "matmul (tensor cores)");
+      cudaGetLastError();  // a shape the tile kernel refuses (alignment): the GEMV chunks below
+    }
     for (int m0 = 0; m0 < M; m0 += 8) {
       const int R = std::min(8, M - m0);
       float* yr = y + size_t(m0) * ldy;
@@ -404,6 +417,7 @@ class CudaBackend final : public Backend {
   int sms_ = 0;
   bool pdl_ = env_on("KVDECK_CUDA_PDL", true);
   bool graphs_on_ = env_on("KVDECK_CUDA_GRAPH", true);
+  bool mma_ = env_on("KVDECK_CUDA_MMA", true);  // prefill GEMM on the tensor cores
   bool capturing_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;

@@ -1,7 +1,7 @@
 """The CUDA backend against the CPU backend, op by op and as a whole model (on a GPU).
 
 Op level (as llama.cpp's test-backend-ops): every weight format's matmul through
-quantize_input (batch 1, 8 and a 70-row prefill), the KV writes byte for byte against the CPU
+quantize_input (batch 1, 8 and 70- / 130-row prefills on the tensor-core GEMM), the KV writes byte for byte against the CPU
 codec, prefill / decode attention over f32, f16 and NVFP4 pages, argmax. tests/native/
 test_backend_ops.py runs its float64-reference tests on the CUDA backend too where one is usable.
 Model level: a random-weight SmolLM2-135M-shaped model (app/bench/gpu_model.py; the device has
@@ -60,15 +60,34 @@ def _weight(fmt: str, N: int, K: int, mins: bool = False):
 
 @pytest.mark.parametrize("fmt, mins", [("nvfp4", False), ("w4a8", False), ("w4a8", True), ("w8a8", False),
                                        ("f16", False), ("f32", False)])
-@pytest.mark.parametrize("M", [1, 8, 70])
+@pytest.mark.parametrize("M", [1, 8, 70, 130])
 def test_matmul_every_format_matches_cpu(cpu, gpu, fmt, mins, M):
-    N, K = 300, 576 if M != 8 else 1000  # 1000: K padded to 1024 for the integer formats
+    """M > 8: integer formats on the tensor-core GEMM (exact int32 block sums, as the GEMV):
+    130 rows = 3 tiles of 64 with a tail, K 608 = 19 blocks of 32 (a half-filled last stage),
+    N 300 = 3 tiles of 128 with a tail."""
+    N, K = 300, {8: 1000, 130: 608}.get(M, 576)  # 1000: K padded to 1024 for the integer formats
     data, scales, tscale, m = _weight(fmt, N, K, mins)
     x = RNG.standard_normal((M, K)).astype(np.float32)
     want = cpu.matmul_q(fmt, data, scales, K, tscale, x, m)
     got = gpu.matmul_q(fmt, data, scales, K, tscale, x, m)
     assert np.isfinite(got).all()
     assert _rel(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "w4a8", "w8a8"])
+def test_prefill_gemm_equals_gemv_chunks(cpu, gpu, fmt, monkeypatch):
+    """The tensor-core GEMM (default for M > 8) against the batch-8 GEMV chunks it replaced
+    (KVDECK_CUDA_MMA=0, read when a backend is created) on a larger K: the same integer sums."""
+    monkeypatch.setenv("KVDECK_CUDA_MMA", "0")
+    chunks = _native.BackendOps("cuda", 0)
+    N, K, M = 520, 2048, 200
+    data, scales, tscale, m = _weight(fmt, N, K)
+    x = RNG.standard_normal((M, K)).astype(np.float32)
+    want = chunks.matmul_q(fmt, data, scales, K, tscale, x, m)
+    got = gpu.matmul_q(fmt, data, scales, K, tscale, x, m)
+    assert np.isfinite(got).all()
+    assert _rel(got, want) < 1e-6
+    assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, m)) < 1e-5
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])

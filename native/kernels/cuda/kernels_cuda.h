@@ -99,6 +99,15 @@ struct GemvWeight {
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
                          const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false);
 
+// Prefill GEMM, M > 8, on the tensor cores (gemm_mma.cu): int8 mma.sync of the weight codes
+// (fmt 0 NVFP4 as 2*e2m1, 1 W4A8 as nibble - 8, 2 W8A8) against quantize_act_q8's q, exact
+// int32 per weight block, scaled in f32 as the GEMVs above (d_a, weight scales, tscale for
+// NVFP4): the same results to f32 summation order. W4A8 minimums are not included (add
+// w4a8_mins_add). y: f32 [M, N], row stride ldy. Needs Kp % 32 == 0, W4A8 group a multiple
+// of 32 dividing Kp, codes and xq 16-byte aligned; otherwise cudaErrorInvalidValue.
+cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
+                        const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
+
 namespace detail {
 // Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per
 // warp, U chunks per lane per step; pipelined: the next step's weights are loaded before this

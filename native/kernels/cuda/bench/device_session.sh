@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [tests] [bench] [8b] [profile] [kernels]
+#   device_session.sh OUT [gemm] [tests] [bench] [8b] [profile] [kernels]
 # Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
 set -uo pipefail
 out=$1; shift
@@ -21,6 +21,11 @@ echo "build: $(( $(date +%s) - t0 )) s"
 gpu='import sys; from app.bench.gpu import run; sys.exit(run(sys.argv[1:]))'
 for step in "$@"; do
   case $step in
+    gemm)  # the prefill GEMM against the GEMV chunks it replaced, 8B shapes at M = 512 and 64
+      nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
+        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu \
+        native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma 2>&1 | tail -20
+      for m in 512 64; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
     tests)
       timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_backend_cuda.py \
         tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
