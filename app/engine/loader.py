@@ -24,8 +24,10 @@ from app.engine.types import ModelConfig
 FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: the GGUF source's own blocks
-KV_FORMATS = ("f32", "f16", "nvfp4")
-KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625}  # per value
+KV_FORMATS = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
+# Bytes per K/V value (docs/ENGINE.md, KV formats): nvfp4 (32 + 4) / 64, nvfp4r (32 + 4 + 2) / 64,
+# k8v4 K (64 + 2) and V nvfp4r (38) per 2 x 64 values.
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625, "nvfp4r": 0.59375, "k8v4": 0.8125}
 
 
 def default_models_dir() -> Path:
