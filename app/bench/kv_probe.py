@@ -7,7 +7,12 @@ post-RoPE K and V pass through a chosen KV codec before attention reads them. It
 from the reference run) and lets codec variants be compared before one is written in C++.
 Rounding uses torch's own float8_e4m3fn cast (code we did not write) for E4M3.
 
-    python -m app.bench.kv_probe [--ctx 2048] [--variants f16,nvfp4,...] [--stats]
+    python -m app.bench.kv_probe [--ctx 2048] [--variants nvfp4,int8/nvfp4,...] [--stats] [--own]
+
+Variant names: one codec for K and V, or "<K codec>/<V codec>"; codecs f16, nvfp4 (scale 1),
+nvfp4r (f16 row scale), nvfp4m (mse block scales), nvfp4b8 (blocks of 8), fp8, int8;
+suffix "+h": Hadamard-rotated before rounding; prefix "c:": minus a per-(layer, head) mean
+calibrated on assets/notes; prefix "s:": the first 16 tokens kept in f16.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from app.bench.kv import eval_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL = ROOT / "assets" / "eval"
@@ -230,17 +236,6 @@ def attend(q, k, v, p0, G):
 # Texts and scores
 # =====================================================================================
 
-def eval_ids(tokenizer, ctx: int) -> list[int]:
-    """Both eval texts (2,121 tokens), concatenated again until ctx tokens (8K: ~3.9 copies)."""
-    text = (EVAL / "edge_agents.txt").read_text() + "\n\n" + (EVAL / "field_notes.txt").read_text()
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
-    sep = tokenizer.encode("\n\n", add_special_tokens=False).ids
-    out = list(ids)
-    while len(out) < ctx:
-        out += sep + ids
-    return out[:ctx] if ctx > len(ids) else out
-
-
 def score(ref: torch.Tensor, q: torch.Tensor, ids) -> tuple[float, float]:
     def nll(L):
         L = L.double()
@@ -320,8 +315,6 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     model = Model(folder)
     ids = eval_ids(tok, a.ctx)
-    if a.ctx <= 2121:
-        ids = ids[: a.ctx]
     print(f"{len(ids)} tokens")
     if a.stats:
         stats(model, ids)
