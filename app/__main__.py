@@ -40,13 +40,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def _pool(s, kv_pages: int | None = None) -> dict:
     """load_engine's pool options from [engine]: `kv_pages` if given, else the model's context (or
     max_context) for one session, or the kv_mib memory budget when that is smaller."""
-    from app.engine.loader import KV_BYTES, read_config, resolve_model_dir
+    from app.engine.loader import KV_FORMATS, kv_bytes_per_token, read_config, resolve_model_dir
 
     if kv_pages:
         return {"kv_pages": kv_pages}
     cfg = read_config(resolve_model_dir(s.model, s.weights))
     ctx = s.max_context or cfg.max_position_embeddings
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES.get(s.kv, 4.0)
+    per_token = kv_bytes_per_token(s.kv if s.kv in KV_FORMATS else "f32", cfg.num_hidden_layers,
+                                   cfg.num_key_value_heads, cfg.head_dim)
     if s.kv_mib and s.kv_mib * 2**20 < ctx * per_token:
         return {"kv_mib": s.kv_mib}
     return {"max_context": ctx}

@@ -45,11 +45,12 @@ def test_kv_format_tracks_f16_kv(engine, ref, kv, top1_min, ppl_max):
 
 @pytest.mark.parametrize("kv, ratio", [("nvfp4", 0.28125), ("nvfp4r", 0.296875), ("k8v4", 0.40625)])
 def test_bytes_per_token_as_documented(engine, kv, ratio):
-    from app.engine.loader import KV_BYTES
+    from app.engine.loader import KV_BYTES, kv_bytes_per_token
 
     f16 = engine("f32", "f16").snapshot()["bytes_per_token"]
     got = engine("f32", kv).snapshot()["bytes_per_token"]
     assert got == f16 * ratio and KV_BYTES[kv] == 2.0 * ratio
+    assert kv_bytes_per_token(kv, 30, 3, 64) == got
 
 
 def test_decode_equals_prefill_for_k8v4(engine):
@@ -65,3 +66,18 @@ def test_decode_equals_prefill_for_k8v4(engine):
     finally:
         eng.native.close_sequence(seq)
     assert np.array_equal(step.reshape(-1), full)
+
+
+def test_bench_kv_json(root, capsys):
+    import json
+
+    from app.bench import cli
+
+    assert cli.main(["kv", "--formats", "f16,k8v4", "--ctx", "256", "--steps", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    f16, k8 = out["rows"]
+    assert (f16["kv"], k8["kv"]) == ("f16", "k8v4") and out["ref"] == "f16" and out["ctx"] == [256]
+    assert f16["top1_256"] == 1.0 and f16["ppl_ratio_256"] == 1.0
+    assert k8["x_f16_bytes"] == 0.40625 and 0.85 <= k8["top1_256"] <= 1.0
+    assert k8["decode_tok_s_256"] > 0.5
+    assert cli.main(["kv", "--formats", "f16,nvfp5"]) == 2
