@@ -6,9 +6,9 @@ import sys
 
 BENCHES = {
     "kernels": "app.bench.kernels",  # GEMV/GEMM per format and ISA, vs memcpy bandwidth
+    "kv": "app.bench.kv",            # KV formats: bytes/token, top-1 and perplexity vs f16 KV at 2K/8K
     "cpu": "app.bench.cpu",          # end-to-end prefill/decode tok/s vs llama.cpp, same cores
     "cache": "app.bench.cache",      # seed-000 agent task, prefix cache off vs on
-    "kv": "app.bench.kv",            # KV formats: bytes/token, top-1 and perplexity vs f16 KV at 2K/8K
     "soak": "app.bench.soak",        # one long agent session (--turns 200): failed turns, RSS, reuse, trims
 }
 
