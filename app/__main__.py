@@ -27,7 +27,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model name under the models folder, or a path (default smollm2-135m)")
     p.add_argument("--weights", choices=["nvfp4", "w4a8", "f16", "f32", "gguf"],
                    help="weight format (default nvfp4; gguf = the GGUF source's own 4/8-bit blocks, exactly)")
-    p.add_argument("--kv", choices=["f32", "f16", "nvfp4"], help="KV cache format (default f32)")
+    p.add_argument("--kv", choices=["f32", "f16", "nvfp4", "nvfp4r", "k8v4"], help="KV cache format (default f32; docs/ENGINE.md, KV formats)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="the engine's backend (default cpu; [engine] device)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
@@ -41,13 +41,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def _pool(s, kv_pages: int | None = None) -> dict:
     """load_engine's pool options from [engine]: `kv_pages` if given, else the model's context (or
     max_context) for one session, or the kv_mib memory budget when that is smaller."""
-    from app.engine.loader import KV_BYTES, read_config, resolve_model_dir
+    from app.engine.loader import KV_FORMATS, kv_bytes_per_token, read_config, resolve_model_dir
 
     if kv_pages:
         return {"kv_pages": kv_pages}
     cfg = read_config(resolve_model_dir(s.model, s.weights))
     ctx = s.max_context or cfg.max_position_embeddings
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES.get(s.kv, 4.0)
+    per_token = kv_bytes_per_token(s.kv if s.kv in KV_FORMATS else "f32", cfg.num_hidden_layers,
+                                   cfg.num_key_value_heads, cfg.head_dim)
     if s.kv_mib and s.kv_mib * 2**20 < ctx * per_token:
         return {"kv_mib": s.kv_mib}
     return {"max_context": ctx}

@@ -7,6 +7,7 @@ import sys
 BENCHES = {
     "kernels": "app.bench.kernels",  # GEMV/GEMM per format and ISA, vs memcpy bandwidth
     "attention": "app.bench.attention",  # decode attention vs the memory roofline; prefill tail
+    "kv": "app.bench.kv",            # KV formats: bytes/token, top-1 and perplexity vs f16 KV at 2K/8K
     "cpu": "app.bench.cpu",          # end-to-end prefill/decode tok/s vs llama.cpp, same cores
     "cache": "app.bench.cache",      # seed-000 agent task, prefix cache off vs on
     "formats": "app.bench.formats",  # weight formats: folder MB, decode tok/s, top-1 and perplexity vs f32

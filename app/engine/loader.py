@@ -24,8 +24,19 @@ from app.engine.types import ModelConfig
 FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: the GGUF source's own blocks
-KV_FORMATS = ("f32", "f16", "nvfp4")
-KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625}  # per value
+KV_FORMATS = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
+# Bytes per K/V value at head_dim 64 (docs/ENGINE.md, KV formats): nvfp4 (32 + 4) / 64, nvfp4r
+# (32 + 4 + 2) / 64, k8v4 K (64 + 2) and V nvfp4r (38) per 2 x 64 values. kv_bytes_per_token is exact.
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625, "nvfp4r": 0.59375, "k8v4": 0.8125}
+
+
+def kv_bytes_per_token(kv: str, n_layers: int, n_kv: int, head_dim: int) -> int:
+    """The pool's bytes per token (KvPool::bytes_per_token): K and V rows of every layer and KV head."""
+    D = head_dim
+    nv4 = D // 2 + D // 16
+    k, v = {"f32": (4 * D, 4 * D), "f16": (2 * D, 2 * D), "nvfp4": (nv4, nv4), "nvfp4r": (nv4 + 2, nv4 + 2),
+            "k8v4": (D + 2, nv4 + 2)}[kv]
+    return n_layers * n_kv * (k + v)
 
 
 def default_models_dir() -> Path:
@@ -263,7 +274,7 @@ def load_engine(
     if kv_mib is not None:
         if kv_pages is not None:
             raise EngineError("give kv_pages or kv_mib, not both")
-        per_page = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * KV_BYTES[kv] * kv_block
+        per_page = kv_bytes_per_token(kv, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim) * kv_block
         kv_pages = int(kv_mib * 2**20 // per_page)
         if kv_pages < 1:
             raise EngineError(f"kv_mib {kv_mib} is smaller than one page ({per_page / 2**20:.3f} MiB)")

@@ -44,7 +44,9 @@ KvDType kv_dtype_from(const std::string& s) {
   if (s == "f32") return KvDType::F32;
   if (s == "f16") return KvDType::F16;
   if (s == "nvfp4") return KvDType::NVFP4;
-  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16, nvfp4)");
+  if (s == "nvfp4r") return KvDType::NVFP4R;
+  if (s == "k8v4") return KvDType::K8V4;
+  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16, nvfp4, nvfp4r, k8v4)");
 }
 
 EngineOptions options_from(const py::dict& d) {
@@ -251,4 +253,22 @@ void bind_engine(py::module_& m) {
         return py::make_tuple(rows, back);
       },
       py::arg("x"));
+  m.def(
+      "kv_roundtrip",
+      [](const std::string& fmt, bool v, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        // x f32 [n, D] -> (rows u8 [n, row bytes], decoded f32 [n, D]): a K (v=False) or V row
+        // of any KV format, through the codec kv_write / attention use; for tests.
+        const KvDType t = kv_dtype_from(fmt);
+        if (x.ndim() != 2 || x.shape(1) % 16) throw std::invalid_argument("x must be [n, D] with D % 16 == 0");
+        const int n = int(x.shape(0)), D = int(x.shape(1));
+        const size_t rb = kv_row_bytes(t, D, v);
+        py::array_t<uint8_t> rows({size_t(n), rb});
+        py::array_t<float> back({n, D});
+        for (int i = 0; i < n; ++i) {
+          cpu::kv_encode_row(t, v, x.data() + size_t(i) * D, D, rows.mutable_data() + i * rb);
+          cpu::kv_decode_row(t, v, rows.data() + i * rb, D, back.mutable_data() + size_t(i) * D);
+        }
+        return py::make_tuple(rows, back);
+      },
+      py::arg("fmt"), py::arg("v"), py::arg("x"));
 }

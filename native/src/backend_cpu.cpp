@@ -133,7 +133,7 @@ class CpuBackend final : public Backend {
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
                 const int32_t* slots, int M) override {
     const int nkv = pool.n_kv(), D = pool.head_dim();
-    const size_t row = pool.row_bytes();
+    const size_t row = pool.row_bytes(), vrow = pool.v_row_bytes();
     uint8_t* kb = static_cast<uint8_t*>(pool.k(layer));
     uint8_t* vb = static_cast<uint8_t*>(pool.v(layer));
     for (int m = 0; m < M; ++m) {
@@ -142,6 +142,11 @@ class CpuBackend final : public Backend {
         const float* km = k + static_cast<size_t>(m) * ld + size_t(g) * D;
         const float* vm = v + static_cast<size_t>(m) * ld + size_t(g) * D;
         switch (pool.dtype()) {
+          case KvDType::NVFP4R:
+          case KvDType::K8V4:  // K and V rows may differ in size
+            cpu::kv_encode_row(pool.dtype(), false, km, D, kb + dst);
+            cpu::kv_encode_row(pool.dtype(), true, vm, D, vb + (static_cast<size_t>(slots[m]) * nkv + g) * vrow);
+            break;
           case KvDType::F32:
             std::memcpy(kb + dst, km, sizeof(float) * D);
             std::memcpy(vb + dst, vm, sizeof(float) * D);
@@ -197,19 +202,20 @@ class CpuBackend final : public Backend {
     if (k_new && pool.dtype() != KvDType::F32) {  // an f32 pool holds the new rows exactly already
       kv.fresh_k = k_new, kv.fresh_v = v_new, kv.fresh0 = p0, kv.fresh_ld = size_t(ldkv);
     }
-    if (pool.dtype() != KvDType::F32 && M > 1) {
+    if (pool.dtype() != KvDType::F32 && (M > 1 || kv_needs_workspace(pool.dtype()))) {
       // Prefill over nvfp4 / f16 pages: widen the context once into a f32 workspace (reused
       // by every layer) so the M queries do not each widen every row again (exact for f16:
-      // the same values as the in-kernel widening of decode).
+      // the same values as the in-kernel widening of decode). nvfp4r / k8v4 pages take this
+      // path for decode too: the attention kernels read f32, f16 and nvfp4 pages only.
       const int n_pages = (ctx + pool.block() - 1) / pool.block();
       const size_t page_floats = size_t(pool.block()) * nkv * D;
       workspace_.resize(2 * n_pages * page_floats);  // K then V, [n_pages, block, nkv, D]
       ws_pages_.resize(n_pages);
       pool_.run(n_pages, [&](int pi, int) {
         ws_pages_[pi] = pi;
-        const size_t row = pool.row_bytes();
+        const size_t row = pool.row_bytes(), vrow = pool.v_row_bytes();
         const uint8_t* kp = static_cast<const uint8_t*>(pool.k(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
-        const uint8_t* vp = static_cast<const uint8_t*>(pool.v(layer)) + size_t(pages[pi]) * pool.block() * nkv * row;
+        const uint8_t* vp = static_cast<const uint8_t*>(pool.v(layer)) + size_t(pages[pi]) * pool.block() * nkv * vrow;
         float* kw = workspace_.data() + pi * page_floats;              // [block, nkv, D]
         float* vw = workspace_.data() + (n_pages + pi) * page_floats;  // [block, nkv, D]
         if (pool.dtype() == KvDType::F16) {
@@ -217,8 +223,8 @@ class CpuBackend final : public Backend {
           cpu::f16_to_f32_row(reinterpret_cast<const uint16_t*>(vp), vw, int(page_floats));
         } else {
           for (int r = 0; r < pool.block() * nkv; ++r) {
-            cpu::kv_nvfp4_decode_row(kp + r * row, D, kw + size_t(r) * D);
-            cpu::kv_nvfp4_decode_row(vp + r * row, D, vw + size_t(r) * D);
+            cpu::kv_decode_row(pool.dtype(), false, kp + r * row, D, kw + size_t(r) * D);
+            cpu::kv_decode_row(pool.dtype(), true, vp + r * vrow, D, vw + size_t(r) * D);
           }
         }
       });

@@ -277,7 +277,9 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   // computed (attention_fresh) and the earlier tokens from the quantised pages (issue 14);
   // KVDECK_KV_FRESH=0 reads every token from the pages (A/B measurements).
   const char* fresh_env = std::getenv("KVDECK_KV_FRESH");
-  const bool fresh_kv = pool_->dtype() == KvDType::NVFP4 && !(fresh_env && std::strcmp(fresh_env, "0") == 0);
+  const KvDType kvt = pool_->dtype();  // the 4- and 8-bit pools (f16 rounding is negligible)
+  const bool fresh_kv = (kvt == KvDType::NVFP4 || kvt == KvDType::NVFP4R || kvt == KvDType::K8V4) &&
+                        !(fresh_env && std::strcmp(fresh_env, "0") == 0);
 
   // ---- per-chunk index arrays: positions, KV slots, page table ----
   std::vector<int32_t> pos(M), slots(M);

@@ -5,14 +5,23 @@
 namespace kvdeck {
 
 const char* kv_dtype_name(KvDType t) {
-  return t == KvDType::F32 ? "f32" : t == KvDType::F16 ? "f16" : "nvfp4";
+  switch (t) {
+    case KvDType::F32: return "f32";
+    case KvDType::F16: return "f16";
+    case KvDType::NVFP4: return "nvfp4";
+    case KvDType::NVFP4R: return "nvfp4r";
+    case KvDType::K8V4: return "k8v4";
+  }
+  return "?";
 }
 
-size_t kv_row_bytes(KvDType t, int D) {
+size_t kv_row_bytes(KvDType t, int D, bool v) {
   switch (t) {
     case KvDType::F32: return size_t(D) * 4;
     case KvDType::F16: return size_t(D) * 2;
     case KvDType::NVFP4: return size_t(D) / 2 + size_t(D) / 16;
+    case KvDType::NVFP4R: return size_t(D) / 2 + size_t(D) / 16 + 2;
+    case KvDType::K8V4: return v ? kv_row_bytes(KvDType::NVFP4R, D) : size_t(D) + 2;
   }
   return 0;
 }
@@ -22,12 +31,17 @@ KvPool::KvPool(Backend& backend, int n_layers, int n_kv, int head_dim, int block
     : backend_(backend), n_layers_(n_layers), n_kv_(n_kv), head_dim_(head_dim), block_(block),
       n_pages_(n_pages), dtype_(dtype) {
   if (n_pages <= 0 || block <= 0) throw std::invalid_argument("kv pool: n_pages and block must be > 0");
-  if (dtype == KvDType::NVFP4 && head_dim % 16 != 0)
-    throw std::invalid_argument("kv pool: nvfp4 KV needs head_dim divisible by 16, got " + std::to_string(head_dim));
-  const size_t layer_bytes = static_cast<size_t>(n_pages) * block * n_kv * kv_row_bytes(dtype, head_dim);
+  if ((dtype == KvDType::NVFP4 || dtype == KvDType::NVFP4R || dtype == KvDType::K8V4) && head_dim % 16 != 0)
+    throw std::invalid_argument(std::string("kv pool: ") + kv_dtype_name(dtype) +
+                                " KV needs head_dim divisible by 16, got " + std::to_string(head_dim));
+  if (kv_needs_workspace(dtype) && backend.name() != "cpu")  // no silent nvfp4 reading of other bytes
+    throw std::invalid_argument(std::string("kv pool: kv format '") + kv_dtype_name(dtype) +
+                                "' is implemented on the cpu backend only, not '" + backend.name() +
+                                "' (f32, f16, nvfp4 run there)");
+  const size_t rows = static_cast<size_t>(n_pages) * block * n_kv;
   for (int l = 0; l < n_layers; ++l) {
-    k_.push_back(backend_.alloc(layer_bytes));
-    v_.push_back(backend_.alloc(layer_bytes));
+    k_.push_back(backend_.alloc(rows * kv_row_bytes(dtype, head_dim)));
+    v_.push_back(backend_.alloc(rows * kv_row_bytes(dtype, head_dim, true)));
   }
   refs_.assign(n_pages, 0);
   free_.reserve(n_pages);
@@ -40,7 +54,7 @@ KvPool::~KvPool() {
 }
 
 size_t KvPool::bytes_per_token() const {
-  return 2ull * n_layers_ * token_bytes();
+  return size_t(n_layers_) * n_kv_ * (row_bytes() + v_row_bytes());
 }
 size_t KvPool::page_bytes() const { return bytes_per_token() * block_; }
 

@@ -197,3 +197,92 @@ def test_tensor_codec_shape_errors():
     c2, s2 = F.w4a8_quantize(np.ones((2, 40), np.float32))
     with pytest.raises(ValueError):
         F.w4a8_dequantize(c2, s2, 100)
+
+
+# =====================================================================================
+# KV rows (nvfp4r, k8v4) against a float64 reference
+# =====================================================================================
+
+E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
+E4M3_GRID = np.unique(np.abs(np.array([v for v in decode_e4m3(np.arange(256, dtype=np.uint8)).astype(np.float64)
+                                       if np.isfinite(v)])))
+
+
+def nearest(grid: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Round |a| to the nearest grid value (float64; ties are measure-zero for random rows)."""
+    i = np.clip(np.searchsorted(grid, a), 1, len(grid) - 1)
+    lo, hi = grid[i - 1], grid[i]
+    return np.where(a - lo <= hi - a, lo, hi)
+
+
+def kv_ref(fmt: str, v: bool, x: np.ndarray) -> np.ndarray:
+    """float64 reference of the KV row codecs (kv_pool.h): dequantised rows [n, D]."""
+    x = x.astype(np.float64)
+    amax = np.abs(x).max(-1, keepdims=True)
+    if fmt == "k8v4" and not v:  # int8, f16 row scale amax / 127
+        g = np.maximum(np.float16(amax / 127).astype(np.float64), 2.0**-24) * (amax > 0)
+        q = np.clip(np.round(x / np.where(g > 0, g, 1)), -127, 127)
+        return q * g
+    # nvfp4r: g = f16(amax / 2688); s_b = e4m3(amax_b / (6 g)); x = e2m1(x / (s_b g)) s_b g
+    g = np.maximum(np.float16(amax / 2688).astype(np.float64), 2.0**-24) * (amax > 0)
+    xb = x.reshape(x.shape[0], -1, 16)
+    ab = np.abs(xb).max(-1, keepdims=True)
+    gb = g[:, :, None]
+    s = nearest(E4M3_GRID, np.minimum(ab / (6 * np.where(gb > 0, gb, 1)), 448)) * gb
+    q = np.sign(xb) * nearest(E2M1_GRID, np.minimum(np.abs(xb) / np.where(s > 0, s, 1), 6))
+    return (q * s).reshape(x.shape)
+
+
+def kv_rows(kind: str, n: int = 512, D: int = 64) -> np.ndarray:
+    x = RNG.standard_normal((n, D)).astype(np.float32)
+    if kind == "small":       # every block's scale-1 E4M3 scale subnormal or zero
+        x *= np.float32(1e-3)
+    elif kind == "tiny":
+        x *= np.float32(1e-6)
+    elif kind == "outlier":   # one large value per row, beyond scale-1 nvfp4's 6 * 448
+        x[np.arange(n), RNG.integers(0, D, n)] = np.float32(5e3) * RNG.choice([-1, 1], n)
+    elif kind == "mixed":     # blocks of very different magnitude in one row
+        x *= np.repeat(np.float32([1e-2, 1e-1, 1.0, 30.0]), D // 4)[None, :]
+    elif kind == "zero":
+        x[:] = 0
+        x[::2, :16] = RNG.standard_normal((n // 2, 16))  # zero blocks beside non-zero ones
+    return x
+
+
+@pytest.mark.parametrize("kind", ["normal", "small", "tiny", "outlier", "mixed", "zero"])
+@pytest.mark.parametrize("fmt, v", [("nvfp4r", False), ("k8v4", False), ("k8v4", True)])
+def test_kv_rows_match_float64_reference(fmt, v, kind):
+    x = kv_rows(kind)
+    rows, back = _native.kv_roundtrip(fmt, v, x)
+    assert rows.shape == (x.shape[0], {("nvfp4r", False): 38, ("k8v4", False): 66, ("k8v4", True): 38}[fmt, v])
+    ref = kv_ref(fmt, v, x)
+    assert np.isfinite(back).all()
+    same = (back.astype(np.float64) == ref).mean()
+    assert same >= 0.999, f"{fmt} {'V' if v else 'K'} {kind}: {same:.4f} of values as the float64 reference"
+    err = np.linalg.norm(back - x, axis=-1) / np.maximum(np.linalg.norm(x, axis=-1), 1e-30)
+    # int8 rows: 1/254 of the row max; rows of ~1e-6 get the smallest f16 scale, 2^-24 (2-3%)
+    bound = (0.03 if kind == "tiny" else 0.02) if (fmt, v) == ("k8v4", False) else 0.2
+    assert err[np.abs(x).max(-1) > 0].max() <= bound, f"{fmt} {kind}: worst row error {err.max():.3f}"
+    assert (back[np.abs(x).max(-1) == 0] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["small", "tiny", "outlier", "mixed"])
+def test_second_level_scale_is_what_keeps_these_rows(kind):
+    """The same rows through nvfp4 (second-level scale fixed at 1) lose them: the assertion
+    above would fail without the row scale."""
+    x = kv_rows(kind)
+
+    def worst_block_error(b):  # relative error of the worst block of 16 (blocks of zeros skipped)
+        xb, bb = x.reshape(-1, 16), b.reshape(-1, 16)
+        n = np.linalg.norm(xb, axis=-1)
+        return (np.linalg.norm(bb - xb, axis=-1)[n > 0] / n[n > 0]).max()
+    e1 = worst_block_error(_native.kv_roundtrip("nvfp4", False, x)[1])
+    e2 = worst_block_error(_native.kv_roundtrip("nvfp4r", False, x)[1])
+    assert e2 <= 0.25 < e1, f"{kind}: worst block error nvfp4 {e1:.3f}, nvfp4r {e2:.3f}"
+
+
+def test_kv_roundtrip_rejects_bad_input():
+    with pytest.raises(ValueError, match="not supported"):
+        _native.kv_roundtrip("nvfp5", False, np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError, match="D % 16"):
+        _native.kv_roundtrip("nvfp4r", False, np.zeros((1, 60), np.float32))

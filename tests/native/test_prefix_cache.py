@@ -162,7 +162,7 @@ def test_eviction_events_name_the_prefix_and_its_owner():
 
 
 # ---- logits: cached == cold, on the real model --------------------------------------------
-@pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("kv", ["f32", "f16", "k8v4"])
 def test_cached_logits_equal_cold_prefill(engine, kv):
     """Multi-turn: each call's logits served from the cache are bit-identical to a cold
     prefill of the same prompt, across page boundaries and after evictions."""

@@ -28,6 +28,15 @@ void w8a8_row_to_f32(const int8_t* q, const uint16_t* d, float* f, int n);
 // of 16: s = e4m3(amax/6), q = e2m1(x / decode(s)) (0 where decode(s) == 0); tensor scale 1.
 void kv_nvfp4_encode_row(const float* x /*[D]*/, int D, uint8_t* row /*[D/2 + D/16]*/);
 void kv_nvfp4_decode_row(const uint8_t* row, int D, float* x /*[D]*/);
+// nvfp4r rows: the nvfp4 row then an f16 second-level scale g [2 bytes]: g = f16(amax/(6*448)),
+// s_b = e4m3(amax_b / (6 g)), x = e2m1 * e4m3(s_b) * g. int8 rows: i8 [D] then f16 g = amax/127.
+void kv_nvfp4r_encode_row(const float* x, int D, uint8_t* row /*[D/2 + D/16 + 2]*/);
+void kv_nvfp4r_decode_row(const uint8_t* row, int D, float* x);
+void kv_int8_encode_row(const float* x, int D, uint8_t* row /*[D + 2]*/);
+void kv_int8_decode_row(const uint8_t* row, int D, float* x);
+// Any KV format's K (v = false) or V (v = true) row, kv_row_bytes(t, D, v) bytes.
+void kv_encode_row(KvDType t, bool v, const float* x, int D, uint8_t* row);
+void kv_decode_row(KvDType t, bool v, const uint8_t* row, int D, float* x);
 
 // A layer's K and V as attention reads them.
 struct KvView {

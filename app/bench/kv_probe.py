@@ -1,0 +1,338 @@
+"""A torch model of the default model's forward with pluggable K/V rounding (KV error study).
+
+Not the engine: a float32 torch re-implementation of the llama forward (RMSNorm, rotate-half
+RoPE, GQA, SiLU MLP, tied head) over the f32 folder's safetensors, in which every layer's
+post-RoPE K and V pass through a chosen KV codec before attention reads them. It answers
+"where does the KV error come from" cheaply (one forward per variant; per-layer statistics
+from the reference run) and lets codec variants be compared before one is written in C++.
+Rounding uses torch's own float8_e4m3fn cast (code we did not write) for E4M3.
+
+    python -m app.bench.kv_probe [--ctx 2048] [--variants nvfp4,int8/nvfp4,...] [--stats] [--own]
+
+Variant names: one codec for K and V, or "<K codec>/<V codec>"; codecs f16, nvfp4 (scale 1),
+nvfp4r (f16 row scale), nvfp4m (mse block scales), nvfp4b8 (blocks of 8), fp8, int8;
+suffix "+h": Hadamard-rotated before rounding; prefix "c:": minus a per-(layer, head) mean
+calibrated on assets/notes; prefix "s:": the first 16 tokens kept in f16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from app.bench.kv import eval_ids
+
+ROOT = Path(__file__).resolve().parents[2]
+EVAL = ROOT / "assets" / "eval"
+
+# =====================================================================================
+# Number formats (float32 torch)
+# =====================================================================================
+
+E2M1_LEVELS = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Round to float8_e4m3fn (RNE, saturating at 448) and back."""
+    return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Round to E2M1 (ties as formats.cpp: to the even code) and back."""
+    a = x.abs()
+    code = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int() + (a > 2.5).int()
+            + (a >= 3.5).int() + (a > 5.0).int())
+    return E2M1_LEVELS[code] * torch.sign(x)
+
+
+def f16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).to(torch.float32)
+
+
+def nvfp4_blocks(x: torch.Tensor, g: torch.Tensor | None, mse: bool = False, B: int = 16) -> torch.Tensor:
+    """x [..., D] -> dequantised NVFP4 (blocks of 16 along the last dim). g: the second-level
+    scale broadcastable to x[..., :1] (None: 1, today's KV). mse: per block, the E4M3 scale
+    among s6, s6±1 code steps (approximated by ×/÷ 2^(1/8)) and s4 with the least squared error."""
+    shp = x.shape
+    xb = x.reshape(*shp[:-1], shp[-1] // B, B)
+    gg = torch.ones(()) if g is None else g.unsqueeze(-1)
+    y = xb / gg
+    amax = y.abs().amax(-1, keepdim=True)
+    cands = [amax / 6.0]
+    if mse:
+        cands += [amax / 5.0, amax / 4.0, amax / 6.5, amax / 5.5]
+    best, berr = None, None
+    for c in cands:
+        s = e4m3(c)
+        q = torch.where(s > 0, e2m1(y / torch.where(s > 0, s, torch.ones(()))) * s, torch.zeros(()))
+        err = ((q - y) ** 2).sum(-1, keepdim=True)
+        if best is None:
+            best, berr = q, err
+        else:
+            take = err < berr
+            best, berr = torch.where(take, q, best), torch.where(take, err, berr)
+    return (best * gg).reshape(shp)
+
+
+def fp8_rows(x: torch.Tensor) -> torch.Tensor:
+    """E4M3 per value with an f16 scale per row (row max on 448)."""
+    g = f16(x.abs().amax(-1, keepdim=True) / 448.0).clamp_min(2**-24)
+    return e4m3(x / g) * g
+
+
+def hadamard(D: int) -> torch.Tensor:
+    H = torch.ones(1, 1)
+    while H.shape[0] < D:
+        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
+    return H / math.sqrt(D)
+
+
+# =====================================================================================
+# KV codecs: fn(x [T, nkv, D], layer, which "k"|"v") -> dequantised x
+# =====================================================================================
+
+def row_scale(x):  # f16 per (token, head) row: row max lands on 6 * 448
+    return f16(x.abs().amax(-1, keepdim=True) / (6 * 448.0)).clamp_min(2**-24)
+
+
+CENTER: dict = {}  # (layer, which) -> mean row [nkv, D] (set by --center)
+CALIB: dict = {}  # (layer, which) -> per-head f32 scale [nkv] (set by --calib)
+
+
+def codec(name: str):
+    H = hadamard(64)
+
+    def one(kind, x, layer, which):
+        if kind == "f16":
+            return f16(x)
+        if kind == "f32":
+            return x
+        if kind == "nvfp4":  # today: second-level scale 1
+            return nvfp4_blocks(x, None)
+        if kind == "nvfp4r":  # f16 scale per row
+            return nvfp4_blocks(x, row_scale(x))
+        if kind == "nvfp4rm":  # f16 scale per row + mse block scales
+            return nvfp4_blocks(x, row_scale(x), mse=True)
+        if kind == "nvfp4h":  # calibrated per (layer, head) f32 scale
+            g = CALIB[(layer, which)].view(1, -1, 1)
+            return nvfp4_blocks(x, g)
+        if kind == "nvfp4b8":  # blocks of 8, scale 1
+            return nvfp4_blocks(x, None, B=8)
+        if kind == "nvfp4b8m":
+            return nvfp4_blocks(x, None, mse=True, B=8)
+        if kind == "nvfp4m":  # scale 1, mse block scales
+            return nvfp4_blocks(x, None, mse=True)
+        if kind == "fp8":
+            return fp8_rows(x)
+        if kind == "int8":  # symmetric int8 with an f16 scale per row
+            g = f16(x.abs().amax(-1, keepdim=True) / 127.0).clamp_min(2**-24)
+            return torch.round(x / g).clamp(-127, 127) * g
+        raise ValueError(kind)
+
+    # name: "<k>/<v>" or one codec for both; "+h" suffix: Hadamard-rotate K before rounding
+    parts = name.split("/") if "/" in name else [name, name]
+
+    def fn(x, layer, which):
+        kind = parts[0] if which == "k" else parts[1]
+        if kind.startswith("s:"):  # the first 16 tokens (one page) kept in f16: attention sinks
+            return torch.cat([f16(x[:16]), fn(x[16:], layer, which) if False else fn_kind(kind[2:], x[16:], layer, which)])
+        return fn_kind(kind, x, layer, which)
+
+    def fn_kind(kind, x, layer, which):
+        if kind.startswith("c:"):  # K minus a calibrated per-(layer, head) mean: q·k̄ is the
+            # same for every key of a query, so softmax ignores it; the rounding sees k - k̄
+            mu = CENTER[(layer, which)]
+            return fn2(kind[2:], x - mu, layer, which)
+        return fn2(kind, x, layer, which)
+
+    def fn2(kind, x, layer, which):
+        rot = kind.endswith("+h")
+        kind = kind.removesuffix("+h")
+        if rot:  # q·k = (Hq)·(Hk): rounding Hk and rotating back is the same math
+            return one(kind, x @ H.T, layer, which) @ H
+        return one(kind, x, layer, which)
+
+    return fn
+
+
+# =====================================================================================
+# The model
+# =====================================================================================
+
+class Model:
+    def __init__(self, folder: Path):
+        from safetensors.torch import load_file
+
+        self.cfg = json.loads((folder / "config.json").read_text())
+        self.w = load_file(str(folder / "model.safetensors"))
+        c = self.cfg
+        self.L, self.nh, self.nkv, self.D = c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        half = self.D // 2
+        self.inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, half, dtype=torch.float32) * 2 / self.D))
+        self.eps = c["rms_norm_eps"]
+
+    def norm(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def rope(self, x, pos):  # x [T, h, D]
+        a = pos.float()[:, None] * self.inv_freq[None]
+        cs, sn = torch.cos(a)[:, None], torch.sin(a)[:, None]
+        h = self.D // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        return torch.cat([x1 * cs - x2 * sn, x2 * cs + x1 * sn], -1)
+
+    @torch.no_grad()
+    def forward(self, ids, kv_fn=None, chunk=512, own_unquantised=False, capture=None):
+        """Logits [T, V]. kv_fn rounds each layer's K/V (None: exact f32). own_unquantised:
+        queries of a chunk see their own chunk's K/V unrounded (attn's Backend hook)."""
+        T = len(ids)
+        pos = torch.arange(T)
+        x = self.w["model.embed_tokens.weight"][torch.tensor(ids)]
+        G = self.nh // self.nkv
+        for l in range(self.L):
+            p = f"model.layers.{l}."
+            h = self.norm(x, self.w[p + "input_layernorm.weight"])
+            q = (h @ self.w[p + "self_attn.q_proj.weight"].T).view(T, self.nh, self.D)
+            k = (h @ self.w[p + "self_attn.k_proj.weight"].T).view(T, self.nkv, self.D)
+            v = (h @ self.w[p + "self_attn.v_proj.weight"].T).view(T, self.nkv, self.D)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            if capture is not None:
+                capture.append((q.clone(), k.clone(), v.clone()))
+            kq, vq = (k, v) if kv_fn is None else (kv_fn(k, l, "k"), kv_fn(v, l, "v"))
+            o = torch.empty(T, self.nh, self.D)
+            for c0 in range(0, T, chunk):
+                c1 = min(T, c0 + chunk)
+                if own_unquantised:
+                    kk = torch.cat([kq[:c0], k[c0:c1]]); vv = torch.cat([vq[:c0], v[c0:c1]])
+                else:
+                    kk, vv = kq[:c1], vq[:c1]
+                o[c0:c1] = attend(q[c0:c1], kk, vv, c0, G)
+            x = x + o.view(T, -1) @ self.w[p + "self_attn.o_proj.weight"].T
+            h = self.norm(x, self.w[p + "post_attention_layernorm.weight"])
+            a = h @ self.w[p + "mlp.gate_proj.weight"].T
+            b = h @ self.w[p + "mlp.up_proj.weight"].T
+            x = x + (torch.nn.functional.silu(a) * b) @ self.w[p + "mlp.down_proj.weight"].T
+        x = self.norm(x, self.w["model.norm.weight"])
+        return x @ self.w["model.embed_tokens.weight"].T
+
+
+def attend(q, k, v, p0, G):
+    """Causal attention of queries at p0.. over keys 0..p0+len(q). q [M, nh, D], k/v [n, nkv, D]."""
+    M, n, D = q.shape[0], k.shape[0], q.shape[2]
+    kh = k.repeat_interleave(G, 1).permute(1, 2, 0)  # [nh, D, n]
+    vh = v.repeat_interleave(G, 1).permute(1, 0, 2)  # [nh, n, D]
+    s = torch.bmm(q.permute(1, 0, 2), kh) / math.sqrt(D)  # [nh, M, n]
+    mask = torch.arange(n)[None, :] > (p0 + torch.arange(M))[:, None]
+    s.masked_fill_(mask, float("-inf"))
+    return torch.bmm(torch.softmax(s, -1), vh).permute(1, 0, 2)
+
+
+# =====================================================================================
+# Texts and scores
+# =====================================================================================
+
+def score(ref: torch.Tensor, q: torch.Tensor, ids) -> tuple[float, float]:
+    def nll(L):
+        L = L.double()
+        return (torch.logsumexp(L[:-1], -1) - L[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]).mean()
+    top1 = (ref.argmax(-1) == q.argmax(-1)).float().mean().item()
+    return top1, math.exp(nll(q) - nll(ref))
+
+
+def stats(model: Model, ids) -> None:
+    """Per layer and KV head: K/V magnitudes, share of NVFP4 blocks whose E4M3 scale is
+    subnormal / zero, and the relative error of the attention output when only K or only V
+    of that layer is rounded (everything else exact)."""
+    cap: list = []
+    model.forward(ids, None, capture=cap)
+    G = model.nh // model.nkv
+    print("layer  |k|max  |v|max  k:sub%  v:sub%  v:zero%   attn err: K-only  V-only  (nvfp4, scale 1)  K/V rowscale")
+    for l, (q, k, v) in enumerate(cap):
+        T = len(ids)
+        sl = slice(max(0, T - 256), T)  # the last 256 queries see the whole context
+        ref = attend(q[sl], k, v, sl.start, G)
+
+        def err(kk, vv):
+            o = attend(q[sl], kk, vv, sl.start, G)
+            return ((o - ref).norm() / ref.norm()).item()
+
+        def sub(x):
+            s = x.reshape(-1, 16).abs().amax(-1) / 6.0
+            return 100 * (s < 2**-6).float().mean().item(), 100 * (e4m3(s) == 0).float().mean().item()
+        ks, _ = sub(k); vs, vz = sub(v)
+        nv = codec("nvfp4")
+        nr = codec("nvfp4r")
+        print(f"{l:5d} {k.abs().max():7.2f} {v.abs().max():7.3f} {ks:7.1f} {vs:7.1f} {vz:7.1f}"
+              f"   {err(nv(k, l, 'k'), v):15.4f} {err(k, nv(v, l, 'v')):7.4f}"
+              f"   {err(nr(k, l, 'k'), v):10.4f} {err(k, nr(v, l, 'v')):7.4f}")
+        per_head_v = [f"{v[:, g].abs().amax(-1).median():.3f}" for g in range(model.nkv)]
+        per_head_k = [f"{k[:, g].abs().amax(-1).median():.2f}" for g in range(model.nkv)]
+        print(f"       median row max per head: k {per_head_k} v {per_head_v}")
+
+
+def calibrate(model: Model, ids) -> None:
+    """Per (layer, head): g = max over the calibration tokens of |x| / (6 * 448)."""
+    cap: list = []
+    model.forward(ids, None, capture=cap)
+    for l, (_, k, v) in enumerate(cap):
+        CALIB[(l, "k")] = k.abs().amax((0, 2)) / (6 * 448.0)
+        CALIB[(l, "v")] = v.abs().amax((0, 2)) / (6 * 448.0)
+
+
+def center(model: Model, ids) -> None:
+    cap: list = []
+    model.forward(ids, None, capture=cap)
+    for l, (_, k, v) in enumerate(cap):
+        CENTER[(l, "k")] = k.mean(0)
+        CENTER[(l, "v")] = v.mean(0)
+        e = (k.mean(0).pow(2).sum() / k.pow(2).sum(-1).mean()).item()
+        if l % 5 == 0:
+            print(f"layer {l}: K mean energy / K energy {e:.3f}")
+
+
+def notes_ids(tokenizer) -> list[int]:
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "assets" / "notes").glob("*.md")))
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="kv_probe")
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--variants", default="nvfp4,nvfp4r")
+    ap.add_argument("--stats", action="store_true")
+    ap.add_argument("--own", action="store_true", help="chunk's own tokens unquantised")
+    ap.add_argument("--ref", default="f16")
+    ap.add_argument("--calib-ctx", type=int, default=0, help="calibrate nvfp4h on the first N tokens (of the same text)")
+    a = ap.parse_args(argv)
+    from tokenizers import Tokenizer
+
+    folder = ROOT / "models" / "weights" / "smollm2-135m" / "f32"
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    model = Model(folder)
+    ids = eval_ids(tok, a.ctx)
+    print(f"{len(ids)} tokens")
+    if a.stats:
+        stats(model, ids)
+    if "c:" in a.variants:
+        center(model, notes_ids(tok))
+    if a.calib_ctx:
+        calibrate(model, ids[: a.calib_ctx])
+    t = time.time()
+    ref = model.forward(ids, codec(a.ref))
+    print(f"ref {a.ref}: {time.time() - t:.1f} s")
+    for name in a.variants.split(","):
+        t = time.time()
+        q = model.forward(ids, codec(name), own_unquantised=a.own)
+        top1, pr = score(ref, q, ids)
+        tail = score(ref[-512:], q[-512:], ids[-512:])
+        print(f"{name:18s} top1 {top1:.3f}  ppl x{pr:.4f}   last512 top1 {tail[0]:.3f}  ({time.time() - t:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
