@@ -8,6 +8,10 @@ perplexity ratio; and decode tok/s at the first context (a greedy step after the
 median of --steps). Positions are fed in 512-token calls on one sequence (the engine's own
 prefill chunk), so no [T, vocab] logits array is ever held.
 
+Every position reads its context from the pages (KVDECK_KV_FRESH=0), as a generated token does:
+the engine's prefill lets a chunk read its own K/V unrounded (attention_fresh), which would
+score 512-token chunks better than any reply sees them. `--fresh` measures that prefill path.
+
     kvdeck bench kv [--formats f16,nvfp4,nvfp4r,k8v4] [--ctx 2048,8192] [--weights f32] [--json]
 """
 
@@ -114,7 +118,10 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed (median)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--fresh", action="store_true",
+                    help="let each 512-token chunk read its own K/V unrounded (the engine's prefill path)")
     a = ap.parse_args(argv)
+    os.environ["KVDECK_KV_FRESH"] = "1" if a.fresh else "0"  # read at every forward call
     from app.engine import EngineError, default_models_dir
     from app.engine.loader import KV_FORMATS
 
@@ -132,8 +139,10 @@ def run(argv: list[str]) -> int:
         return 1
     load = os.getloadavg()
     if a.json:
-        print(json.dumps({"weights": a.weights, "ref": formats[0], "ctx": ctxs, "load": load, "rows": rows}))
+        print(json.dumps({"weights": a.weights, "ref": formats[0], "ctx": ctxs, "load": load, "fresh": a.fresh,
+                          "rows": rows}))
     else:
-        print(f"weights {a.weights}; load after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        print(f"weights {a.weights}; {'chunks read their own K/V unrounded' if a.fresh else 'every read from the pages'}"
+              f"; load after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
         print(table(rows, ctxs, formats[0]))
     return 0

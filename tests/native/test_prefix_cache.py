@@ -163,10 +163,15 @@ def test_eviction_events_name_the_prefix_and_its_owner():
 
 # ---- logits: cached == cold, on the real model --------------------------------------------
 @pytest.mark.parametrize("kv", ["f32", "f16", "k8v4"])
-def test_cached_logits_equal_cold_prefill(engine, kv):
+def test_cached_logits_equal_cold_prefill(engine, kv, monkeypatch):
     """Multi-turn: each call's logits served from the cache are bit-identical to a cold
-    prefill of the same prompt, across page boundaries and after evictions."""
+    prefill of the same prompt, across page boundaries and after evictions. (A quantised pool
+    lets a chunk read its own K/V unrounded, so there a cached call differs from a cold one by
+    design; the pages themselves are what must agree: checked with that switched off.)"""
     from app.engine import load_engine
+
+    if kv == "k8v4":
+        monkeypatch.setenv("KVDECK_KV_FRESH", "0")
 
     from tests.conftest import model_root
 
