@@ -232,6 +232,20 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // NVFP4 weights are repacked in place (the same buffers and bytes) into the layout of the
+  // active kernel set (kernels.h: preferred_layout; File for scalar / NEON, which then read
+  // the file layout as it is). Kernels read the view's layout tag, so switching the kernel
+  // ISA afterwards stays correct.
+  void prepare_weight(WeightView& w) override {
+    if (w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
+    if (preferred_layout(w) != WeightLayout::Nvfp4X4) return;
+    // The engine's upload of this tensor is host memory this backend allocated (alloc()).
+    repack_nvfp4_x4(static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(w.scales), w.N, w.Kp,
+                    static_cast<uint8_t*>(const_cast<void*>(w.data)),
+                    static_cast<uint8_t*>(const_cast<void*>(w.scales)));
+    w.layout = WeightLayout::Nvfp4X4;
+  }
+
   void add(float* x, const float* y, size_t n) override {
 #pragma omp simd  // -fopenmp-simd: vectorisation only, no OpenMP runtime
     for (size_t i = 0; i < n; ++i) x[i] += y[i];

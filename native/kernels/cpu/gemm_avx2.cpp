@@ -456,7 +456,8 @@ void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
 }  // namespace
 
 const KernelSet& avx2_kernels() {
-  static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2};
+  static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2,
+                           gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4};
   return k;
 }
 
