@@ -162,6 +162,8 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
   c.w.group = gs;
   std::vector<double> scale(size_t(N) * (Kp / gs));
   for (auto& s : scale) s = exact ? std::ldexp(1.0, rand_int(-1, 1)) : 0.01 + 0.05 * std::fabs(rand_normal());
+  if (t == DType::NVFP4)  // negative E4M3 scales are valid in the file format (the repack folds them)
+    for (auto& s : scale) s = rand_int(0, 9) == 0 ? -s : s;
   if (t == DType::NVFP4) {
     c.w.tscale = exact ? 0.5f : 1.7f;
     for (double s : scale) c.scales.push_back(f32_to_e4m3(float(s)));
@@ -182,9 +184,16 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
   return c;
 }
 
-void check_gemm(const char* isa, DType t, int group, bool exact) {
-  const int M = 3, N = 7, K = 80, Kp = round_up(K, kQ8Block);
+// x4: NVFP4 repacked to WeightLayout::Nvfp4X4 (as the CPU backend does at load) first.
+// Rows [n0, N) are computed; columns [0, n0) must stay untouched.
+void check_gemm(const char* isa, DType t, int group, bool exact, bool x4 = false, int M = 3, int N = 7,
+                int K = 80, int n0 = 1) {
+  const int Kp = round_up(K, kQ8Block);
   Case c = make_case(t, N, K, group, exact);
+  if (x4) {
+    repack_nvfp4_x4(c.codes.data(), c.scales.data(), N, Kp, c.codes.data(), c.scales.data());  // in place
+    c.w.layout = WeightLayout::Nvfp4X4;
+  }
   std::vector<float> x(size_t(M) * K);
   for (int m = 0; m < M; ++m)
     for (int k = 0; k < K; ++k) {
@@ -200,7 +209,7 @@ void check_gemm(const char* isa, DType t, int group, bool exact) {
   quantize_act_q8(x.data(), M, K, a);
   const int ldy = N + 2;
   std::vector<float> y(size_t(M) * ldy, -1.0f);
-  gemm(c.w, x.data(), &a, M, y.data(), ldy, 1, N);  // columns [1, N): column 0 untouched
+  gemm(c.w, x.data(), &a, M, y.data(), ldy, n0, N);
   int bad = 0;
   double worst = 0.0;
   for (int m = 0; m < M; ++m)
@@ -214,7 +223,7 @@ void check_gemm(const char* isa, DType t, int group, bool exact) {
         mag += std::fabs(xv * c.wf[size_t(n) * K + k]);
       }
       const float got = y[size_t(m) * ldy + n];
-      if (n == 0) {
+      if (n < n0) {
         bad += got != -1.0f;
       } else if (exact) {
         bad += double(got) != ref;
@@ -224,7 +233,9 @@ void check_gemm(const char* isa, DType t, int group, bool exact) {
         bad += err > 1e-5;
       }
     }
-  const std::string name = std::string(isa) + " gemm " + dtype_name(t) + (t == DType::W4A8 ? " group " + std::to_string(group) : "");
+  const std::string name = std::string(isa) + " gemm " + dtype_name(t) + (x4 ? " x4" : "") +
+                           (t == DType::W4A8 ? " group " + std::to_string(group) : "") + " M " + std::to_string(M) +
+                           " N " + std::to_string(N) + " K " + std::to_string(K);
   check(bad == 0, name + (exact ? " exact: " : " random: ") + std::to_string(bad) + " outputs differ" +
                       (exact ? "" : " (worst relative error " + std::to_string(worst) + ", bound 1e-5)"));
 }
@@ -335,6 +346,12 @@ int main() {
       check_gemm(isa, DType::F16, 0, exact);
       check_gemm(isa, DType::NVFP4, 0, exact);
       for (int group : {16, 32, 96}) check_gemm(isa, DType::W4A8, group, exact);
+      // The repacked NVFP4 layout: tails of 0..3 32-blocks, partial last groups, GEMV (M = 1)
+      // on whole groups and on rows of a split group, GEMM tiles and their remainders.
+      struct Shape { int M, N, K, n0; };
+      for (const Shape& sh : {Shape{3, 7, 80, 1}, Shape{1, 13, 576, 0}, Shape{1, 13, 576, 2}, Shape{1, 8, 256, 0},
+                              Shape{8, 9, 288, 1}, Shape{13, 6, 160, 0}, Shape{1, 5, 32, 0}, Shape{7, 4, 1536, 0}})
+        check_gemm(isa, DType::NVFP4, 0, exact, true, sh.M, sh.N, sh.K, sh.n0);
     }
     std::printf("kernel_check: %s kernels checked\n", isa);
   }

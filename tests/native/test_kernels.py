@@ -5,7 +5,9 @@ multiple of 16 or 32, M in {1, 3, 17, 70}, sub-ranges [n0, n1), ldy > N). The or
 dequantises weights (and, for quantised formats, the int8 activations) to float64 and
 multiplies in float64; kernels may sum in another order, so the error is bounded
 relative to the L1 norm of the products: |y - ref| <= 1e-5 * sum_k |x_k w_nk|.
-quantize_act_q8 must match models.quant.q8 bit for bit.
+quantize_act_q8 must match models.quant.q8 bit for bit. nvfp4_x4 is nvfp4 repacked to the
+layout the CPU backend uses at load (kernels.h, WeightLayout::Nvfp4X4); bit-exactness of every
+ISA on integer-exact inputs is native/tests/kernel_check.cpp's job.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ K_ = _native.kernels
 ISAS = [isa for isa in ("scalar", "avx2", "avx512vnni") if K_.cpu_supports(isa)]
 REL_TOL = 1e-5
 # Fixed per-format seeds (hash(str) is salted per process, so it gave a different case each run).
-SEEDS = {"f32": 101, "f16": 102, "nvfp4": 103, "w4a8": 104}
+SEEDS = {"f32": 101, "f16": 102, "nvfp4": 103, "w4a8": 104, "nvfp4_x4": 105}
 
 # (N, K, M, n0, n1, ldy_extra)
 SHAPES = [
@@ -73,6 +75,10 @@ def _weights(fmt, w, group=32):
         sc = np.repeat(decode_e4m3(t.scales).astype(np.float64), 16, axis=1)
         wd = vals * sc * np.float64(t.tscale)
         return dict(data=t.codes, scales=t.scales, tscale=float(t.tscale)), wd[:, :K]
+    if fmt == "nvfp4_x4":  # the layout the CPU backend repacks nvfp4 into at load
+        kw, wd = _weights("nvfp4", w)
+        kw["data"], kw["scales"] = K_.repack_nvfp4_x4(kw["data"], kw["scales"])
+        return dict(kw, layout="nvfp4_x4"), wd
     if fmt == "w4a8":
         t = quantize_w4a8(w, group=group)
         q = unpack_nibbles(t.codes).astype(np.float64) - 8.0                # [N, Kp]
@@ -84,9 +90,9 @@ def _weights(fmt, w, group=32):
 def _check(fmt, w_kw, wd, x, n0, n1, ldy):
     M, K = x.shape
     N = wd.shape[0]
-    y = K_.gemm(fmt, w_kw.pop("data"), x, n0=n0, n1=n1, ldy=ldy, **w_kw)
+    y = K_.gemm(fmt.replace("_x4", ""), w_kw.pop("data"), x, n0=n0, n1=n1, ldy=ldy, **w_kw)
     assert y.shape == (M, ldy) and y.dtype == np.float32
-    if fmt in ("nvfp4", "w4a8"):
+    if fmt in ("nvfp4", "nvfp4_x4", "w4a8"):
         q, d, _ = q8_ref(x)
         Kp = q.shape[1]
         xd = (q.reshape(M, -1, 32).astype(np.float64) * d[:, :, None]).reshape(M, Kp)[:, :K]
@@ -101,7 +107,7 @@ def _check(fmt, w_kw, wd, x, n0, n1, ldy):
     assert not y[:, :n0].any() and not y[:, n1:].any()
 
 
-@pytest.mark.parametrize("fmt", ["f32", "f16", "nvfp4", "w4a8"])
+@pytest.mark.parametrize("fmt", ["f32", "f16", "nvfp4", "nvfp4_x4", "w4a8"])
 def test_gemm_matches_oracle(isa, fmt):
     rng = np.random.default_rng(SEEDS[fmt])
     for N, K, M, n0, n1, extra in SHAPES:
@@ -130,14 +136,67 @@ def test_quantised_formats_agree_across_isas():
     x = _rand(rng, (5, 200))
     before = K_.kernel_isa()
     try:
-        for fmt in ("nvfp4", "w4a8"):
+        for fmt in ("nvfp4", "nvfp4_x4", "w4a8"):
             kw, _ = _weights(fmt, w)
             outs = []
             for isa in ISAS:
                 K_.set_kernel_isa(isa)
-                outs.append(K_.gemm(fmt, kw["data"], x, **{k: v for k, v in kw.items() if k != "data"}))
+                outs.append(K_.gemm(fmt.replace("_x4", ""), kw["data"], x,
+                                    **{k: v for k, v in kw.items() if k != "data"}))
             for o in outs[1:]:
                 np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
+    finally:
+        K_.set_kernel_isa(before)
+
+
+def _nvfp4_case(rng, N, K, neg=0.1):
+    """(codes, scales, tscale) of random weights, a fraction `neg` of the scales made negative."""
+    t = quantize_nvfp4(_rand(rng, (N, K), 0.05))
+    sc = t.scales.copy()
+    sc[rng.random(sc.shape) < neg] |= 0x80
+    return t.codes, sc, float(t.tscale)
+
+
+def test_nvfp4_x4_scalar_is_bit_identical_to_the_file_layout():
+    """The scalar reader of the repacked layout does the scalar kernel's float operations in its
+    order: same bits, negative scales (folded into the codes at repack) included."""
+    rng = np.random.default_rng(21)
+    before = K_.kernel_isa()
+    try:
+        K_.set_kernel_isa("scalar")
+        for N, K, M in [(13, 576, 1), (7, 80, 3), (9, 288, 17), (6, 1536, 2), (5, 32, 1)]:
+            codes, sc, g = _nvfp4_case(rng, N, K)
+            x = _rand(rng, (M, K))
+            ref = K_.gemm("nvfp4", codes, x, scales=sc, tscale=g)
+            xc, xs = K_.repack_nvfp4_x4(codes, sc)
+            assert xc.shape == codes.shape and xs.shape == sc.shape
+            got = K_.gemm("nvfp4", xc, x, scales=xs, tscale=g, layout="nvfp4_x4")
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    finally:
+        K_.set_kernel_isa(before)
+
+
+def test_nvfp4_x4_layout_is_a_permutation_of_the_file_bytes():
+    """Positive scales: the repack only moves bytes (per group of 4 rows, codes and scales)."""
+    rng = np.random.default_rng(22)
+    codes, sc, _ = _nvfp4_case(rng, 10, 576, neg=0.0)
+    xc, xs = K_.repack_nvfp4_x4(codes, sc)
+    for g0 in range(0, 10, 4):
+        np.testing.assert_array_equal(np.sort(xc[g0:g0 + 4], axis=None), np.sort(codes[g0:g0 + 4], axis=None))
+        np.testing.assert_array_equal(np.sort(xs[g0:g0 + 4], axis=None), np.sort(sc[g0:g0 + 4], axis=None))
+    assert not np.array_equal(xc, codes), "the repack left the codes in file order"
+
+
+def test_preferred_layout_per_isa():
+    """Kernel sets with a repacked nvfp4 kernel ask for it; scalar reads the file layout."""
+    before = K_.kernel_isa()
+    try:
+        want = {"scalar": "file", "avx2": "nvfp4_x4"}
+        for isa in ISAS:
+            K_.set_kernel_isa(isa)
+            assert K_.preferred_layout("w4a8") == "file"
+            if isa in want:
+                assert K_.preferred_layout("nvfp4") == want[isa], isa
     finally:
         K_.set_kernel_isa(before)
 
@@ -238,3 +297,5 @@ def test_bad_arguments():
         K_.gemm("f32", np.zeros((4, 64), np.float32), x, n0=2, n1=5)
     with pytest.raises(ValueError):
         K_.gemm("bf16", np.zeros((4, 64), np.float32), x)
+    with pytest.raises(ValueError, match="layout"):
+        K_.gemm("w4a8", np.zeros((4, 32), np.uint8), x, scales=np.zeros((4, 2), np.float16), layout="nvfp4_x4")
