@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kvdeck/kernels.h"
 
@@ -50,6 +51,49 @@ inline X4Row x4_row(const WeightView& w, int n) {
   row.tcodes = gc + size_t(g.C) * row.cstride + size_t(r) * 16 * g.t;
   row.tscales = gs + size_t(g.C) * row.sstride + size_t(r) * 2 * g.t;
   return row;
+}
+
+// ---- activations packed for the SIMD readers (gemm_repack.cpp) -----------------------
+// One activation row's chunk, laid out to meet the two code parts.
+//   Full chunk: lane j of part h is 16-block j (a 64-byte [part 0 | part 1] load of e or o
+//   meets a 64-byte load of codes; a 32-byte load meets one part).
+//   Tail chunk (t 32-blocks): its 4t code dwords are loaded as they are stored, [part 0 of
+//   16-blocks 0..2t-1 | part 1 of them], 8 lanes per vector (t = 3: a second vector, packed in
+//   the next X4Acts, e[0] / o[0] only); lane L is part L / 2t of 16-block L % 2t. The block's
+//   correction goes on its part-0 lane only; scale and d_a on both.
+//   The u8 weights are u = 2*e2m1 + 12 and the scales E4M3 * 2^-8 (f16 bit placement), so
+//   corr = -12 * the 16-block's activation sum and d = d_a * 128 (= 2^8 / 2).
+struct alignas(64) X4Acts {
+  int8_t e[2][32];   // part h, bytes 4j+i: q[16j + 8h + 2i]      (j: 16-block of the chunk)
+  int8_t o[2][32];   //                     q[16j + 8h + 2i + 1]
+  int32_t corr[8];   // lane j: -12 * sum of the 16-block's q
+  float d[8];        // lane j: d_a of the 32-block holding 16-block j, * 128
+};
+
+// Packed chunks per activation row: the full ones, then 0, 1 or 2 for the tail.
+inline int x4_packed_chunks(const X4Geom& g) { return g.C + (g.t > 0) + (g.t == 3); }
+// Rows [m0, m0 + mb) of xq -> out [mb, x4_packed_chunks].
+void pack_acts_x4(const ActQ8& xq, const X4Geom& geo, int m0, int mb, X4Acts* out);
+
+// Scale byte per lane of the tail vectors (-1: zero), per t = 1..3 and vector 0 / 1.
+alignas(16) inline const int8_t kX4TailSpread[3][2][16] = {
+    {{0, 1, 0, 1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1, -1}},
+    {{0, 1, 2, 3, 0, 1, 2, 3}, {-1, -1, -1, -1, -1, -1, -1, -1}},
+    {{0, 1, 2, 3, 4, 5, 0, 1}, {2, 3, 4, 5, -1, -1, -1, -1}}};
+
+// The 2t scale bytes of a tail chunk, zero-extended (fixed-size loads: a variable-length
+// memcpy is a library call, which costs more than the whole tail).
+inline uint64_t x4_tail_scale_bytes(const uint8_t* p, int t) {
+  uint32_t a = 0;
+  uint16_t b = 0;
+  if (t == 1) {
+    std::memcpy(&b, p, 2);
+    return b;
+  }
+  std::memcpy(&a, p, 4);
+  if (t == 2) return a;
+  std::memcpy(&b, p + 4, 2);
+  return a | uint64_t(b) << 32;
 }
 
 }  // namespace kvdeck::cpu

@@ -32,57 +32,6 @@ constexpr int kRowsM = 6;             // GEMM tile: 1 weight row x 6 activation 
 constexpr int kL1ActBytes = 20 << 10;  // packed activation rows per block: this many bytes (L1 is 32 KiB)
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance in the group stream
 
-// One activation row's chunk, laid out to meet the two code parts.
-//   Full chunk: lane j of part h is 16-block j (see gemm_repack.h).
-//   Tail chunk (t 32-blocks): its 4t code dwords are loaded as they are stored, [part 0 of
-//   16-blocks 0..2t-1 | part 1 of them], 8 lanes per vector (t = 3: a second vector, packed in
-//   the next ChunkPack); lane L is part L / 2t of 16-block L % 2t. The block's correction goes
-//   on its part-0 lane only; scale and d_a on both.
-struct alignas(32) ChunkPack {
-  int8_t e[2][32];   // part h, bytes 4j+i: q[16j + 8h + 2i]      (j: 16-block of the chunk)
-  int8_t o[2][32];   //                     q[16j + 8h + 2i + 1]
-  int32_t corr[8];   // lane j: -12 * sum of the 16-block's q
-  float d[8];        // lane j: d_a of the 32-block holding 16-block j, * 128
-};
-
-// Packed chunks per activation row: the full ones, then 0, 1 or 2 for the tail.
-inline int packed_chunks(const X4Geom& g) { return g.C + (g.t > 0) + (g.t == 3); }
-
-void pack_x4(const ActQ8& xq, const X4Geom& geo, int m0, int mb, ChunkPack* out /*[mb, packed_chunks]*/) {
-  const int Kp = xq.Kp, nb = Kp / kQ8Block, npk = packed_chunks(geo);
-  for (int mi = 0; mi < mb; ++mi) {
-    const int m = m0 + mi;
-    const int8_t* q = xq.q + size_t(m) * Kp;  // [Kp]
-    ChunkPack* row = out + size_t(mi) * npk;
-    std::memset(row, 0, sizeof(ChunkPack) * npk);
-    auto block_sum = [&](int jb) {
-      int s = 0;
-      for (int i = 0; i < 16; ++i) s += q[16 * jb + i];
-      return s;
-    };
-    for (int c = 0; c < geo.C; ++c) {
-      ChunkPack& pk = row[c];
-      for (int j = 0; j < 8; ++j) {
-        const int jb = 8 * c + j;
-        const int8_t* qb = q + 16 * jb;  // [16]
-        for (int h = 0; h < 2; ++h)
-          for (int i = 0; i < 4; ++i) pk.e[h][4 * j + i] = qb[8 * h + 2 * i], pk.o[h][4 * j + i] = qb[8 * h + 2 * i + 1];
-        pk.corr[j] = -kNvfp4Offset * block_sum(jb);
-        pk.d[j] = xq.d[size_t(m) * nb + jb / 2] * 128.0f;
-      }
-    }
-    const int nt = 2 * geo.t;
-    for (int L = 0; L < 2 * nt; ++L) {  // tail lanes in stored order
-      ChunkPack& pk = row[geo.C + L / 8];
-      const int l = L % 8, h = L / nt, j = L % nt, jb = 8 * geo.C + j;
-      const int8_t* qb = q + 16 * jb + 8 * h;  // [8]
-      for (int i = 0; i < 4; ++i) pk.e[0][4 * l + i] = qb[2 * i], pk.o[0][4 * l + i] = qb[2 * i + 1];
-      pk.corr[l] = h == 0 ? -kNvfp4Offset * block_sum(jb) : 0;
-      pk.d[l] = xq.d[size_t(m) * nb + jb / 2] * 128.0f;
-    }
-  }
-}
-
 // u = 2*e2m1 + 12 of the 64 codes in a part: lo = even elements, hi = odd.
 inline void decode_part(__m256i c, __m256i& lo, __m256i& hi) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -112,7 +61,7 @@ inline WChunk load_chunk(const uint8_t* codes, const uint8_t* scales) {
 }
 
 // acc += (int32 chunk dot + correction) * (ws * d_a), one activation row.
-inline void chunk_step(const WChunk& w, const ChunkPack* a, __m256& acc) {
+inline void chunk_step(const WChunk& w, const X4Acts* a, __m256& acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   auto ld = [](const int8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
   const __m256i s16 = _mm256_add_epi16(
@@ -124,7 +73,7 @@ inline void chunk_step(const WChunk& w, const ChunkPack* a, __m256& acc) {
 }
 
 // acc += (int32 dot of one code vector + correction) * (ws * d_a): a tail vector (part 0 only).
-inline void half_step(__m256i codes, __m256 ws, const ChunkPack* a, __m256& acc) {
+inline void half_step(__m256i codes, __m256 ws, const X4Acts* a, __m256& acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i lo, hi;
   decode_part(codes, lo, hi);
@@ -136,34 +85,15 @@ inline void half_step(__m256i codes, __m256 ws, const ChunkPack* a, __m256& acc)
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(ws, _mm256_load_ps(a->d)), acc);
 }
 
-// The 2t scale bytes of a tail chunk, zero-extended (fixed-size loads: a variable-length
-// memcpy is a library call, which costs more than the whole tail).
-inline uint64_t tail_scale_bytes(const uint8_t* p, int t) {
-  uint32_t a = 0;
-  uint16_t b = 0;
-  if (t == 1) {
-    std::memcpy(&b, p, 2);
-    return b;
-  }
-  std::memcpy(&a, p, 4);
-  if (t == 2) return a;
-  std::memcpy(&b, p + 4, 2);
-  return a | uint64_t(b) << 32;
-}
-
 // The tail chunk of one row against RM activation rows (a[m]: the row's first tail pack):
 // its 16t code bytes in one or two plain loads (no over-read), the scales spread to the lanes
-// of the stored order (ChunkPack) with a byte shuffle.
+// of the stored order (X4Acts) with a byte shuffle.
 template <int RM>
-inline void tail_steps(const uint8_t* codes, const uint8_t* scales, int t, const ChunkPack* const (&a)[RM],
+inline void tail_steps(const uint8_t* codes, const uint8_t* scales, int t, const X4Acts* const (&a)[RM],
                        __m256 (&acc)[RM]) {
-  alignas(16) static const int8_t kSpread[3][2][16] = {  // scale byte per lane (-1: zero), per t
-      {{0, 1, 0, 1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1, -1}},
-      {{0, 1, 2, 3, 0, 1, 2, 3}, {-1, -1, -1, -1, -1, -1, -1, -1}},
-      {{0, 1, 2, 3, 4, 5, 0, 1}, {2, 3, 4, 5, -1, -1, -1, -1}}};
-  const __m128i raw = _mm_cvtsi64_si128(int64_t(tail_scale_bytes(scales, t)));
+  const __m128i raw = _mm_cvtsi64_si128(int64_t(x4_tail_scale_bytes(scales, t)));
   auto spread = [&](int v) {
-    return chunk_scales(_mm_shuffle_epi8(raw, _mm_load_si128(reinterpret_cast<const __m128i*>(kSpread[t - 1][v]))));
+    return chunk_scales(_mm_shuffle_epi8(raw, _mm_load_si128(reinterpret_cast<const __m128i*>(kX4TailSpread[t - 1][v]))));
   };
   const __m256i c0 = t == 1 ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)))
                             : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
@@ -178,7 +108,7 @@ inline void tail_steps(const uint8_t* codes, const uint8_t* scales, int t, const
 
 // y[m] for one weight row x RM activation rows (a[m]: the row's chunk 0) over the row.
 template <int RM>
-void row_tile(const X4Row& w, const X4Geom& geo, const ChunkPack* const (&a)[RM], float out_scale,
+void row_tile(const X4Row& w, const X4Geom& geo, const X4Acts* const (&a)[RM], float out_scale,
               float* const (&y)[RM] /*offset to column n*/) {
   __m256 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
@@ -189,7 +119,7 @@ void row_tile(const X4Row& w, const X4Geom& geo, const ChunkPack* const (&a)[RM]
     for (int m = 0; m < RM; ++m) chunk_step(wc, a[m] + c, acc[m]);
   }
   if (geo.t > 0) {
-    const ChunkPack* at[RM];
+    const X4Acts* at[RM];
     for (int m = 0; m < RM; ++m) at[m] = a[m] + geo.C;
     tail_steps<RM>(w.tcodes, w.tscales, geo.t, at, acc);
   }
@@ -198,7 +128,7 @@ void row_tile(const X4Row& w, const X4Geom& geo, const ChunkPack* const (&a)[RM]
 
 // Decode: the 4 rows of a whole group (one stream: 256 code + 32 scale bytes per chunk)
 // against one activation row; y[0..3].
-void group_gemv(const uint8_t* gc, const uint8_t* gs, const X4Geom& geo, const ChunkPack* a, float out_scale,
+void group_gemv(const uint8_t* gc, const uint8_t* gs, const X4Geom& geo, const X4Acts* a, float out_scale,
                 float* y) {
   __m256 acc[kX4Rows];
   for (int r = 0; r < kX4Rows; ++r) acc[r] = _mm256_setzero_ps();
@@ -224,7 +154,7 @@ void group_gemv(const uint8_t* gc, const uint8_t* gs, const X4Geom& geo, const C
     }
   }
   if (geo.t > 0) {
-    const ChunkPack* at[1] = {a + geo.C};
+    const X4Acts* at[1] = {a + geo.C};
     for (int r = 0; r < kX4Rows; ++r) {
       __m256 one[1] = {acc[r]};
       tail_steps<1>(cp + r * 16 * geo.t, sp + r * 2 * geo.t, geo.t, at, one);
@@ -235,24 +165,24 @@ void group_gemv(const uint8_t* gc, const uint8_t* gs, const X4Geom& geo, const C
 }
 
 // One weight row against activation rows [0, mb) of a packed block, kRowsM at a time.
-void row_vs_block(const X4Row& r, const X4Geom& geo, const ChunkPack* A, int npk, int mb, float out_scale,
+void row_vs_block(const X4Row& r, const X4Geom& geo, const X4Acts* A, int npk, int mb, float out_scale,
                   float* y /*column n of block row 0*/, int ldy) {
   int m = 0;
   for (; m + kRowsM <= mb; m += kRowsM) {
-    const ChunkPack* a[kRowsM];
+    const X4Acts* a[kRowsM];
     float* yp[kRowsM];
     for (int i = 0; i < kRowsM; ++i) a[i] = A + size_t(m + i) * npk, yp[i] = y + size_t(m + i) * ldy;
     row_tile<kRowsM>(r, geo, a, out_scale, yp);
   }
   for (; m < mb; ++m) {
-    const ChunkPack* a[1] = {A + size_t(m) * npk};
+    const X4Acts* a[1] = {A + size_t(m) * npk};
     float* yp[1] = {y + size_t(m) * ldy};
     row_tile<1>(r, geo, a, out_scale, yp);
   }
 }
 
-std::vector<ChunkPack>& scratch() {
-  thread_local std::vector<ChunkPack> s;
+std::vector<X4Acts>& scratch() {
+  thread_local std::vector<X4Acts> s;
   return s;
 }
 
@@ -260,18 +190,18 @@ std::vector<ChunkPack>& scratch() {
 
 void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   const X4Geom geo(w.Kp);
-  const int npk = packed_chunks(geo);
+  const int npk = x4_packed_chunks(geo);
   // Activation rows per block: their packed chunks stay in L1 while every weight row passes.
-  const int per_row = npk * int(sizeof(ChunkPack));
+  const int per_row = npk * int(sizeof(X4Acts));
   const int mblock = M == 1 ? 1 : std::max(kRowsM, kL1ActBytes / per_row / kRowsM * kRowsM);
-  std::vector<ChunkPack>& S = scratch();
+  std::vector<X4Acts>& S = scratch();
   S.resize(size_t(std::min(M, mblock)) * npk);
   const auto* codes = static_cast<const uint8_t*>(w.data);
   const auto* scales = static_cast<const uint8_t*>(w.scales);
   for (int m0 = 0; m0 < M; m0 += mblock) {
     const int mb = std::min(mblock, M - m0);
-    pack_x4(xq, geo, m0, mb, S.data());
-    const ChunkPack* A = S.data();
+    pack_acts_x4(xq, geo, m0, mb, S.data());
+    const X4Acts* A = S.data();
     float* yb = y + size_t(m0) * ldy;
     int n = n0;
     while (n < n1) {
