@@ -28,7 +28,7 @@ namespace kvdeck::cpu {
 namespace {
 
 // ---- tuning constants ---------------------------------------------------------------
-constexpr int kRowsM = 6;             // GEMM tile: 1 weight row x 6 activation rows (6 accumulators)
+constexpr int kRowsM = 4;             // GEMM tile: 1 weight row x 4 activation rows (5 or 6 spill accumulators: 16 ymm)
 constexpr int kL1ActBytes = 20 << 10;  // packed activation rows per block: this many bytes (L1 is 32 KiB)
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance in the group stream
 
