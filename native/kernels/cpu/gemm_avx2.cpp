@@ -11,7 +11,9 @@
 //     (two 32-blocks, low nibbles = even elements, high = odd) meets matching int8 vectors.
 // Decode (M = 1) processes kGemvRows weight rows at once (one activation load serves all);
 // prefill tiles kGemmRowsN weight rows x kGemmRowsM activation rows in registers, over
-// activation blocks of kMBlock rows kept in L2.
+// activation blocks of kMBlock rows kept in L2. The engine's NVFP4 weights are repacked at
+// load and run in gemm_repack_avx2.cpp; the NVFP4 path here reads the file layout. Dense
+// formats: gemm_dense_avx2.cpp.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -28,11 +30,11 @@ namespace {
 // ---- tuning constants ---------------------------------------------------------------
 constexpr int kGemvRows = 4;   // weight rows per GEMV step (activation reuse, 4 streams)
 constexpr int kGemmRowsN = 2;  // weight rows per GEMM register tile
-constexpr int kGemmRowsM = 4;  // activation rows per GEMM register tile (2x4 = 8 accumulators)
+// Activation rows per GEMM register tile (2x4 = 8 accumulators). For NVFP4 (file layout) one
+// accumulator spills each pair, yet 2x3 without a spill measured 0.93-0.95x its speed at M = 64
+// (2026-12-01): kept. The engine's NVFP4 runs the repacked kernel (no spill).
+constexpr int kGemmRowsM = 4;
 constexpr int kMBlock = 64;    // activation rows packed at once (64 x Kp x 2.5 B stays in L2)
-constexpr int kDenseGemvRows = 4;  // f32/f16 GEMV rows at once
-constexpr int kDenseRowsN = 3;     // f32/f16 GEMM tile: 3 weight rows x 4 x rows = 12 accs
-constexpr int kDenseRowsM = 4;
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
 
 inline int32_t hsum_epi32(__m256i v) {
@@ -330,12 +332,13 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
       QRow r[kGemmRowsN];
       for (int i = 0; i < kGemmRowsN; ++i) r[i] = row(n + i, i);
       int m = 0;
-      for (; m + kGemmRowsM <= mb; m += kGemmRowsM) {
-        const PairPack* a[kGemmRowsM];
-        float* yp[kGemmRowsM];
-        for (int i = 0; i < kGemmRowsM; ++i)
+      constexpr int RM = kGemmRowsM;
+      for (; m + RM <= mb; m += RM) {
+        const PairPack* a[RM];
+        float* yp[RM];
+        for (int i = 0; i < RM; ++i)
           a[i] = A + size_t(m + i) * P, yp[i] = y + size_t(m0 + m + i) * ldy + n;
-        q4_tile<kNvfp4, kGemmRowsN, kGemmRowsM>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kGemmRowsN, RM>(r, a, P, nb, out_scale, yp);
       }
       for (; m < mb; ++m) {
         const PairPack* a[1] = {A + size_t(m) * P};
@@ -354,94 +357,11 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
   }
 }
 
-// ============================================================================
-// Dense formats (F32, F16): FMA over K, register-tiled like the quantised kernel
-// ============================================================================
-
-template <bool kF16>
-inline __m256 load_w8(const void* W, size_t i) {
-  if (kF16)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(W) + i)));
-  return _mm256_loadu_ps(static_cast<const float*>(W) + i);
-}
-template <bool kF16>
-inline float load_w1(const void* W, size_t i) {
-  if (kF16) return _cvtsh_ss(static_cast<const uint16_t*>(W)[i]);
-  return static_cast<const float*>(W)[i];
-}
-
-// y[m][n] = dot(x[m], W[n]) for RN weight rows starting at n x RM activation rows.
-template <bool kF16, int RN, int RM>
-void dense_tile(const void* W, int K, int n, const float* const (&x)[RM], float* const (&y)[RM]) {
-  __m256 acc[RN][RM];
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) acc[i][m] = _mm256_setzero_ps();
-  const int K8 = K / 8 * 8;
-  for (int k = 0; k < K8; k += 8) {
-    __m256 wv[RN];
-    for (int i = 0; i < RN; ++i) {
-      if (RM == 1)
-        _mm_prefetch(reinterpret_cast<const char*>(W) + (size_t(n + i) * K + k) * (kF16 ? 2 : 4) + kPrefetchBytes,
-                     _MM_HINT_T0);
-      wv[i] = load_w8<kF16>(W, size_t(n + i) * K + k);
-    }
-    for (int m = 0; m < RM; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x[m] + k);
-      for (int i = 0; i < RN; ++i) acc[i][m] = _mm256_fmadd_ps(wv[i], xv, acc[i][m]);
-    }
-  }
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) {
-      float s = hsum(acc[i][m]);
-      for (int k = K8; k < K; ++k) s += x[m][k] * load_w1<kF16>(W, size_t(n + i) * K + k);
-      y[m][i] = s;
-    }
-}
-
-template <bool kF16>
-void gemm_dense(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1) {
-  const int K = w.K;
-  if (M == 1) {
-    const float* xr[1] = {x};
-    int n = n0;
-    for (; n + kDenseGemvRows <= n1; n += kDenseGemvRows) {
-      float* yp[1] = {y + n};
-      dense_tile<kF16, kDenseGemvRows, 1>(w.data, K, n, xr, yp);
-    }
-    for (; n < n1; ++n) {
-      float* yp[1] = {y + n};
-      dense_tile<kF16, 1, 1>(w.data, K, n, xr, yp);
-    }
-    return;
-  }
-  for (int m0 = 0; m0 < M; m0 += kMBlock) {
-    const int mb = std::min(kMBlock, M - m0);
-    int n = n0;
-    auto do_rows = [&](auto rn_tag, int n) {
-      constexpr int RN = decltype(rn_tag)::value;
-      int m = m0;
-      for (; m + kDenseRowsM <= m0 + mb; m += kDenseRowsM) {
-        const float* xr[kDenseRowsM];
-        float* yp[kDenseRowsM];
-        for (int i = 0; i < kDenseRowsM; ++i) xr[i] = x + size_t(m + i) * K, yp[i] = y + size_t(m + i) * ldy + n;
-        dense_tile<kF16, RN, kDenseRowsM>(w.data, K, n, xr, yp);
-      }
-      for (; m < m0 + mb; ++m) {
-        const float* xr[1] = {x + size_t(m) * K};
-        float* yp[1] = {y + size_t(m) * ldy + n};
-        dense_tile<kF16, RN, 1>(w.data, K, n, xr, yp);
-      }
-    };
-    for (; n + kDenseRowsN <= n1; n += kDenseRowsN) do_rows(std::integral_constant<int, kDenseRowsN>{}, n);
-    for (; n < n1; ++n) do_rows(std::integral_constant<int, 1>{}, n);
-  }
-}
-
 void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
                int n0, int n1) {
   switch (w.dtype) {
-    case DType::F32: gemm_dense<false>(w, x, M, y, ldy, n0, n1); break;
-    case DType::F16: gemm_dense<true>(w, x, M, y, ldy, n0, n1); break;
+    case DType::F32:
+    case DType::F16: gemm_dense_avx2(w, x, M, y, ldy, n0, n1); break;
     case DType::W4A8:  // groups that are not a multiple of 32 take the scalar path
       if (w.group % kQ8Block == 0)
         gemm_q4<false>(w, *xq, M, y, ldy, n0, n1);
