@@ -132,11 +132,12 @@ struct Case {
   std::vector<float> wf;        // the dequantised weight [N, K] (float64 reference input)
   std::vector<float> f32;       // storage
   std::vector<uint16_t> f16;    // storage (weights or w4a8 scales)
+  std::vector<uint16_t> mins;   // w4a8 group 32 with mins (GGUF Q4_1): f16 [N, Kp/32]
   std::vector<uint8_t> codes, scales;
 };
 
 // exact: small integer values and power-of-two scales, so every product and sum is exact.
-Case make_case(DType t, int N, int K, int group, bool exact) {
+Case make_case(DType t, int N, int K, int group, bool exact, bool with_mins = false) {
   Case c;
   c.w.dtype = t;
   c.w.N = N;
@@ -171,6 +172,11 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
   } else {
     for (double s : scale) c.f16.push_back(f32_to_f16(float(s)));
     c.w.scales = c.f16.data();
+    if (with_mins) {  // w = scale * code + min (formats.h)
+      for (int i = 0; i < N * Kp / 32; ++i)
+        c.mins.push_back(f32_to_f16(exact ? float(rand_int(-4, 4)) * 0.25f : 0.05f * rand_normal()));
+      c.w.mins = c.mins.data();
+    }
   }
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {  // padding k in [K, Kp) keeps code 0 (value 0)
@@ -179,7 +185,8 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
       const size_t si = size_t(n) * (Kp / gs) + k / gs;
       c.wf[size_t(n) * K + k] = t == DType::NVFP4
                                     ? float(ref_e2m1(uint8_t(code)) * ref_e4m3(c.scales[si]) * c.w.tscale)
-                                    : float((code - 8) * ref_f16(c.f16[si]));
+                                    : float((code - 8) * ref_f16(c.f16[si]) +
+                                            (with_mins ? ref_f16(c.mins[size_t(n) * (Kp / 32) + k / 32]) + 8 * ref_f16(c.f16[si]) : 0.0));
     }
   return c;
 }
@@ -187,9 +194,9 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
 // x4: NVFP4 repacked to WeightLayout::Nvfp4X4 (as the CPU backend does at load) first.
 // Rows [n0, N) are computed; columns [0, n0) must stay untouched.
 void check_gemm(const char* isa, DType t, int group, bool exact, bool x4 = false, int M = 3, int N = 7,
-                int K = 80, int n0 = 1) {
+                int K = 80, int n0 = 1, bool with_mins = false) {
   const int Kp = round_up(K, kQ8Block);
-  Case c = make_case(t, N, K, group, exact);
+  Case c = make_case(t, N, K, group, exact, with_mins);
   if (x4) {
     repack_nvfp4_x4(c.codes.data(), c.scales.data(), N, Kp, c.codes.data(), c.scales.data());  // in place
     c.w.layout = WeightLayout::Nvfp4X4;
@@ -234,7 +241,8 @@ void check_gemm(const char* isa, DType t, int group, bool exact, bool x4 = false
       }
     }
   const std::string name = std::string(isa) + " gemm " + dtype_name(t) + (x4 ? " x4" : "") +
-                           (t == DType::W4A8 ? " group " + std::to_string(group) : "") + " M " + std::to_string(M) +
+                           (t == DType::W4A8 ? " group " + std::to_string(group) : "") + (with_mins ? " mins" : "") +
+                           " M " + std::to_string(M) +
                            " N " + std::to_string(N) + " K " + std::to_string(K);
   check(bad == 0, name + (exact ? " exact: " : " random: ") + std::to_string(bad) + " outputs differ" +
                       (exact ? "" : " (worst relative error " + std::to_string(worst) + ", bound 1e-5)"));
@@ -346,6 +354,8 @@ int main() {
       check_gemm(isa, DType::F16, 0, exact);
       check_gemm(isa, DType::NVFP4, 0, exact);
       for (int group : {16, 32, 96}) check_gemm(isa, DType::W4A8, group, exact);
+      // GGUF Q4_1 blocks (mins; AVX2 fuses their term into the tile): GEMV, GEMM, odd block counts
+      for (int M : {1, 3, 9}) check_gemm(isa, DType::W4A8, 32, exact, false, M, 7, M == 1 ? 576 : 80, 1, true);
       // The repacked NVFP4 layout: tails of 0..3 32-blocks, partial last groups, GEMV (M = 1)
       // on whole groups and on rows of a split group, GEMM tiles and their remainders.
       struct Shape { int M, N, K, n0; };

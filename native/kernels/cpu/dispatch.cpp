@@ -75,7 +75,7 @@ void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y,
     return;
   }
   k->gemm(w, x, xq, M, y, ldy, n0, n1);
-  if (w.dtype == DType::W4A8 && w.mins) k->w4a8_mins(w, *xq, M, y, ldy, n0, n1);  // GGUF Q4_1 blocks
+  if (w.dtype == DType::W4A8 && w.mins && !k->gemm_fuses_mins) k->w4a8_mins(w, *xq, M, y, ldy, n0, n1);  // GGUF Q4_1
 }
 
 }  // namespace kvdeck

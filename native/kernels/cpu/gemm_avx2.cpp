@@ -106,14 +106,17 @@ namespace {
 struct alignas(32) PairPack {
   int8_t even[32];   // [q[b][0,2,..,30] | q[b+1][0,2,..,30]]
   int8_t odd[32];    // [q[b][1,3,..,31] | q[b+1][1,3,..,31]]
-  int32_t corr[8];   // int32 lane corrections undoing the weight offset (sum over lanes = -off*s)
+  int32_t corr[8];   // int32 lane corrections undoing the weight offset (sum over lanes = -off*s);
+                     // W4A8 with mins: instead the f32 bits of d_a * s / 4 (see pack_acts)
   float d[8];        // [d_a[b] x4 | d_a[b+1] x4]
 };
 
 // After maddubs + madd, int32 lane j (0..3) of a block's 128-bit half covers elements
 // 8j..8j+7 of that block (4 even + 4 odd). W4A8: each lane gets -8*s/4 = -2*s (s = 32-block
 // sum). NVFP4: lanes 0,1 are 16-block 0 and lanes 2,3 16-block 1: each gets -12*s16/2.
-template <bool kNvfp4>
+// W4A8 with mins (GGUF Q4_1, w = scale * nibble + min): sum(w * a) = scale * sum(nibble * a)
+// + min * s, so no offset correction; each lane carries d_a * s / 4 for the min's FMA.
+template <bool kNvfp4, bool kMins = false>
 void pack_acts(const ActQ8& xq, int m0, int mb, int P, PairPack* out /*[mb, P]*/) {
   const int Kp = xq.Kp, nb = Kp / kQ8Block;
   for (int mi = 0; mi < mb; ++mi) {
@@ -137,6 +140,9 @@ void pack_acts(const ActQ8& xq, int m0, int mb, int P, PairPack* out /*[mb, P]*/
           for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
           pk.corr[4 * h + 0] = pk.corr[4 * h + 1] = -kNvfp4Offset / 2 * s0;
           pk.corr[4 * h + 2] = pk.corr[4 * h + 3] = -kNvfp4Offset / 2 * s1;
+        } else if (kMins) {
+          const float ds = d * float(xq.s[size_t(m) * nb + b]) * 0.25f;
+          for (int j = 0; j < 4; ++j) std::memcpy(&pk.corr[4 * h + j], &ds, 4);
         } else {
           const int s = xq.s[size_t(m) * nb + b];
           for (int j = 0; j < 4; ++j) pk.corr[4 * h + j] = -kW4a8Offset / 4 * s;
@@ -151,6 +157,7 @@ void pack_acts(const ActQ8& xq, int m0, int mb, int P, PairPack* out /*[mb, P]*/
 struct QRow {
   const uint8_t* codes;   // [Kp/2]: 32 bytes per pair of 32-blocks
   const uint8_t* scales;  // 4 bytes per pair: W4A8 2 x f16 (one per 32-block), NVFP4 4 x e4m3
+  const uint8_t* mins = nullptr;  // W4A8 with mins: 4 bytes per pair, 2 x f16
 };
 
 // Unsigned 4-bit weights of one pair from 32 code bytes: lo = even elements, hi = odd.
@@ -204,9 +211,10 @@ inline void nvfp4_pair_scales4(const uint32_t (&sb)[4], __m256 (&out)[4]) {
   }
 }
 
-// One pair step of a RN x RM tile: acc[n][m] += (ws[n] * d_a) * float(int dot + corr).
-template <bool kNvfp4, int RN, int RM>
-inline void tile_step(const __m256i (&c)[RN], const uint32_t (&sb)[RN],
+// One pair step of a RN x RM tile: acc[n][m] += (ws[n] * d_a) * float(int dot + corr)
+// (with mins: + (d_a * s / 4) * min per lane, and no corr).
+template <bool kNvfp4, bool kMins, int RN, int RM>
+inline void tile_step(const __m256i (&c)[RN], const uint32_t (&sb)[RN], const uint32_t (&mb)[RN],
                       const PairPack* const (&a)[RM], __m256 (&acc)[RN][RM]) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 ws4[4];
@@ -219,21 +227,24 @@ inline void tile_step(const __m256i (&c)[RN], const uint32_t (&sb)[RN],
       ws = ws4[n];
     else
       ws = pair_scale<kNvfp4>(sb[n]);
+    const __m256 mv = kMins ? pair_scale<false>(mb[n]) : _mm256_setzero_ps();
     for (int m = 0; m < RM; ++m) {
       const __m256i e = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->even));
       const __m256i o = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->odd));
       const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, e), _mm256_maddubs_epi16(hi, o));
       __m256i s32 = _mm256_madd_epi16(s16, ones);
-      s32 = _mm256_add_epi32(s32, _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->corr)));
+      if (!kMins) s32 = _mm256_add_epi32(s32, _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->corr)));
       const __m256 sc = _mm256_mul_ps(ws, _mm256_load_ps(a[m]->d));
       acc[n][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), sc, acc[n][m]);
+      if (kMins)
+        acc[n][m] = _mm256_fmadd_ps(_mm256_load_ps(reinterpret_cast<const float*>(a[m]->corr)), mv, acc[n][m]);
     }
   }
 }
 
 // y[m, n] for RN weight rows x RM packed activation rows, over all P pairs.
 //   nb: 32-blocks per row (odd nb: the last pair reads only 16 code bytes / half its scales).
-template <bool kNvfp4, int RN, int RM>
+template <bool kNvfp4, bool kMins, int RN, int RM>
 void q4_tile(const QRow (&w)[RN], const PairPack* const (&a0)[RM], int P, int nb, float out_scale,
              float* const (&y)[RM] /*y row pointers, already offset to column n*/) {
   __m256 acc[RN][RM];
@@ -244,28 +255,34 @@ void q4_tile(const QRow (&w)[RN], const PairPack* const (&a0)[RM], int P, int nb
   for (int m = 0; m < RM; ++m) a[m] = a0[m];
   for (int p = 0; p < Pfull; ++p) {
     __m256i c[RN];
-    uint32_t sb[RN];
+    uint32_t sb[RN], mb[RN] = {};
     for (int n = 0; n < RN; ++n) {
       const uint8_t* cp = w[n].codes + 32 * size_t(p);
+      if (kMins) std::memcpy(&mb[n], w[n].mins + 4 * size_t(p), 4);
       if (RM == 1) _mm_prefetch(reinterpret_cast<const char*>(cp + kPrefetchBytes), _MM_HINT_T0);
       c[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cp));
       std::memcpy(&sb[n], w[n].scales + 4 * size_t(p), 4);
     }
-    tile_step<kNvfp4, RN, RM>(c, sb, a, acc);
+    tile_step<kNvfp4, kMins, RN, RM>(c, sb, mb, a, acc);
     for (int m = 0; m < RM; ++m) ++a[m];
   }
   if (P > Pfull) {  // last single 32-block: 16 code bytes, 2 scale bytes
     __m256i c[RN];
-    uint32_t sb[RN];
+    uint32_t sb[RN], mb[RN] = {};
     for (int n = 0; n < RN; ++n) {
       const uint8_t* cp = w[n].codes + 32 * size_t(Pfull);
+      if (kMins) {
+        uint16_t m2;
+        std::memcpy(&m2, w[n].mins + 4 * size_t(Pfull), 2);
+        mb[n] = m2;
+      }
       c[n] = _mm256_inserti128_si256(_mm256_setzero_si256(),
                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(cp)), 0);
       uint16_t s2;
       std::memcpy(&s2, w[n].scales + 4 * size_t(Pfull), 2);
       sb[n] = s2;
     }
-    tile_step<kNvfp4, RN, RM>(c, sb, a, acc);
+    tile_step<kNvfp4, kMins, RN, RM>(c, sb, mb, a, acc);
   }
   for (int n = 0; n < RN; ++n)
     for (int m = 0; m < RM; ++m) y[m][n] = hsum(acc[n][m]) * out_scale;
@@ -281,7 +298,7 @@ Scratch& scratch() {
   return s;
 }
 
-template <bool kNvfp4>
+template <bool kNvfp4, bool kMins = false>
 void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   const int Kp = w.Kp, nb = Kp / kQ8Block, P = (nb + 1) / 2;
   const auto* codes = static_cast<const uint8_t*>(w.data);  // [N, Kp/2]
@@ -296,6 +313,7 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
 
   auto row = [&](int n, int slot) -> QRow {
     QRow r{codes + size_t(n) * (Kp / 2), scales + size_t(n) * row_scale_bytes};
+    if (kMins) r.mins = static_cast<const uint8_t*>(w.mins) + size_t(n) * nb * 2;  // f16 [nb] (group 32)
     if (expand) {
       const auto* s = reinterpret_cast<const uint16_t*>(r.scales);  // f16 [Kp/group]
       uint16_t* e = S.wscales.data() + size_t(slot) * 2 * P;        // f16 [2P]
@@ -307,7 +325,7 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
 
   for (int m0 = 0; m0 < M; m0 += kMBlock) {
     const int mb = std::min(kMBlock, M - m0);
-    pack_acts<kNvfp4>(xq, m0, mb, P, S.acts.data());
+    pack_acts<kNvfp4, kMins>(xq, m0, mb, P, S.acts.data());
     const PairPack* A = S.acts.data();  // [mb, P]
     if (mb == 1) {  // decode GEMV: kGemvRows rows share each activation load
       int n = n0;
@@ -316,13 +334,13 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
         for (int i = 0; i < kGemvRows; ++i) r[i] = row(n + i, i);
         const PairPack* a[1] = {A};
         float* yp[1] = {y + size_t(m0) * ldy + n};
-        q4_tile<kNvfp4, kGemvRows, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, kGemvRows, 1>(r, a, P, nb, out_scale, yp);
       }
       for (; n < n1; ++n) {
         QRow r[1] = {row(n, 0)};
         const PairPack* a[1] = {A};
         float* yp[1] = {y + size_t(m0) * ldy + n};
-        q4_tile<kNvfp4, 1, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, 1, 1>(r, a, P, nb, out_scale, yp);
       }
       continue;
     }
@@ -338,12 +356,12 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
         float* yp[RM];
         for (int i = 0; i < RM; ++i)
           a[i] = A + size_t(m + i) * P, yp[i] = y + size_t(m0 + m + i) * ldy + n;
-        q4_tile<kNvfp4, kGemmRowsN, RM>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, kGemmRowsN, RM>(r, a, P, nb, out_scale, yp);
       }
       for (; m < mb; ++m) {
         const PairPack* a[1] = {A + size_t(m) * P};
         float* yp[1] = {y + size_t(m0 + m) * ldy + n};
-        q4_tile<kNvfp4, kGemmRowsN, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, kGemmRowsN, 1>(r, a, P, nb, out_scale, yp);
       }
     }
     for (; n < n1; ++n) {
@@ -351,7 +369,7 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
       for (int m = 0; m < mb; ++m) {
         const PairPack* a[1] = {A + size_t(m) * P};
         float* yp[1] = {y + size_t(m0 + m) * ldy + n};
-        q4_tile<kNvfp4, 1, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, 1, 1>(r, a, P, nb, out_scale, yp);
       }
     }
   }
@@ -363,7 +381,9 @@ void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
     case DType::F32:
     case DType::F16: gemm_dense_avx2(w, x, M, y, ldy, n0, n1); break;
     case DType::W4A8:  // groups that are not a multiple of 32 take the scalar path
-      if (w.group % kQ8Block == 0)
+      if (w.group == kQ8Block && w.mins)  // GGUF Q4_1: the min's term fused (gemm_fuses_mins)
+        gemm_q4<false, true>(w, *xq, M, y, ldy, n0, n1);
+      else if (w.group % kQ8Block == 0)
         gemm_q4<false>(w, *xq, M, y, ldy, n0, n1);
       else
         scalar_kernels().gemm(w, x, xq, M, y, ldy, n0, n1);
@@ -377,7 +397,7 @@ void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
 
 const KernelSet& avx2_kernels() {
   static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2,
-                           gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4};
+                           gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true};
   return k;
 }
 

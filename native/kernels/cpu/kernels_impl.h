@@ -27,6 +27,8 @@ struct KernelSet {
   void (*gemm_nvfp4_x4)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0,
                         int n1) = nullptr;
   WeightLayout nvfp4_layout = WeightLayout::File;
+  // gemm() adds the W4A8 mins term itself (dispatch then skips w4a8_mins).
+  bool gemm_fuses_mins = false;
 };
 
 const KernelSet& scalar_kernels();
