@@ -235,9 +235,9 @@ class CpuBackend final : public Backend {
   // NVFP4 weights are repacked in place (the same buffers and bytes) into the layout of the
   // active kernel set (kernels.h: preferred_layout; File for scalar / NEON, which then read
   // the file layout as it is). Kernels read the view's layout tag, so switching the kernel
-  // ISA afterwards stays correct.
+  // ISA afterwards stays correct. KVDECK_NVFP4_REPACK=0 keeps the file layout (for A/B runs).
   void prepare_weight(WeightView& w) override {
-    if (w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
+    if (!repack_nvfp4_ || w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
     if (preferred_layout(w) != WeightLayout::Nvfp4X4) return;
     // The engine's upload of this tensor is host memory this backend allocated (alloc()).
     repack_nvfp4_x4(static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(w.scales), w.N, w.Kp,
@@ -280,6 +280,10 @@ class CpuBackend final : public Backend {
     const char* s = std::getenv("KVDECK_ATTN_TILE");
     const int v = s && *s ? std::atoi(s) : cpu::kAttnQueryTile;
     return std::clamp(v, 1, 64);
+  }();
+  bool repack_nvfp4_ = [] {
+    const char* s = std::getenv("KVDECK_NVFP4_REPACK");
+    return !(s && std::strcmp(s, "0") == 0);
   }();
   int tasks_per_thread_ = [] {
     const char* s = std::getenv("KVDECK_TASKS_PER_THREAD");

@@ -322,3 +322,30 @@ def test_bad_arguments():
         K_.gemm("bf16", np.zeros((4, 64), np.float32), x)
     with pytest.raises(ValueError, match="layout"):
         K_.gemm("w4a8", np.zeros((4, 32), np.uint8), x, scales=np.zeros((4, 2), np.float16), layout="nvfp4_x4")
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="no kernel set with a repacked nvfp4 kernel on this CPU")
+def test_engine_repacks_nvfp4_at_load(monkeypatch, root):
+    """The CPU backend repacks nvfp4 weights at load (in place) for the active SIMD set: its
+    logits are those of the file layout (scalar: bit for bit, as the scalar readers of both
+    layouts are; SIMD: within float rounding, yet not the same bits, so the repacked kernel
+    ran). KVDECK_NVFP4_REPACK=0 keeps the file layout."""
+    from app.engine import load_engine
+
+    before = K_.kernel_isa()
+    try:
+        K_.set_kernel_isa("avx2")
+        x4 = load_engine(root.name, weights="nvfp4", kv="f32", threads=1, max_context=64)
+        monkeypatch.setenv("KVDECK_NVFP4_REPACK", "0")
+        file = load_engine(root.name, weights="nvfp4", kv="f32", threads=1, max_context=64)
+        ids = x4.tokenizer.encode("The Jetson Orin has a CPU", add_special_tokens=False).ids[:8]
+        a, b = x4.logits(ids), file.logits(ids)
+        assert (a.view(np.uint32) != b.view(np.uint32)).any(), "same bits: the file-layout kernel ran twice"
+        # Float order differences grow through 30 layers of int8 activation rounding: measured
+        # 2026-12-01 max |x4 - file| 1.33 on logits up to 27 (avx2 file vs scalar: 0.84).
+        assert np.abs(a - b).max() < 0.1 * np.abs(b).max()
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+        K_.set_kernel_isa("scalar")
+        np.testing.assert_array_equal(x4.logits(ids[:4]).view(np.uint32), file.logits(ids[:4]).view(np.uint32))
+    finally:
+        K_.set_kernel_isa(before)
