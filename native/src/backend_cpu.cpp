@@ -62,6 +62,20 @@ class CpuBackend final : public Backend {
     pool_.run(tasks, [&](int t, int) { rows(t * R, std::min(M, t * R + R)); });
   }
 
+  // NVFP4 weights are repacked in place (the same buffers and bytes) into the layout of the
+  // active kernel set (kernels.h: preferred_layout; File for scalar / NEON, which then read
+  // the file layout as it is). Kernels read the view's layout tag, so switching the kernel
+  // ISA afterwards stays correct. KVDECK_NVFP4_REPACK=0 keeps the file layout (for A/B runs).
+  void prepare_weight(WeightView& w) override {
+    if (!repack_nvfp4_ || w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
+    if (preferred_layout(w) != WeightLayout::Nvfp4X4) return;
+    // The engine's upload of this tensor is host memory this backend allocated (alloc()).
+    repack_nvfp4_x4(static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(w.scales), w.N, w.Kp,
+                    static_cast<uint8_t*>(const_cast<void*>(w.data)),
+                    static_cast<uint8_t*>(const_cast<void*>(w.scales)));
+    w.layout = WeightLayout::Nvfp4X4;
+  }
+
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
     q.act.M = M;
     q.act.Kp = round_up(K, kQ8Block);
@@ -230,20 +244,6 @@ class CpuBackend final : public Backend {
       const size_t i0 = size_t(t) * c, i1 = std::min(total, i0 + c);
       cpu::silu_mul_row(a + i0, b + i0, static_cast<int>(i1 - i0), y + i0);
     });
-  }
-
-  // NVFP4 weights are repacked in place (the same buffers and bytes) into the layout of the
-  // active kernel set (kernels.h: preferred_layout; File for scalar / NEON, which then read
-  // the file layout as it is). Kernels read the view's layout tag, so switching the kernel
-  // ISA afterwards stays correct. KVDECK_NVFP4_REPACK=0 keeps the file layout (for A/B runs).
-  void prepare_weight(WeightView& w) override {
-    if (!repack_nvfp4_ || w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
-    if (preferred_layout(w) != WeightLayout::Nvfp4X4) return;
-    // The engine's upload of this tensor is host memory this backend allocated (alloc()).
-    repack_nvfp4_x4(static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(w.scales), w.N, w.Kp,
-                    static_cast<uint8_t*>(const_cast<void*>(w.data)),
-                    static_cast<uint8_t*>(const_cast<void*>(w.scales)));
-    w.layout = WeightLayout::Nvfp4X4;
   }
 
   void add(float* x, const float* y, size_t n) override {
