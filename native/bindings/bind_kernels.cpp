@@ -61,7 +61,7 @@ py::tuple py_quantize(const Arr<float>& x) {
 py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<float>& x,
                            std::optional<py::array> scales, float tscale, int n0,
                            std::optional<int> n1_opt, std::optional<int> ldy_opt, int repeat,
-                           std::optional<py::array> mins) {
+                           std::optional<py::array> mins, const std::string& layout) {
   WeightView w;
   w.dtype = parse_dtype(dtype);
   require(x.ndim() == 2, "x must be 2-D [M, K]");
@@ -140,6 +140,10 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
       break;
     }
   }
+  // layout "nvfp4_x4": data and scales are already in the Nvfp4X4 layout (repack_nvfp4_x4).
+  require(layout == "file" || (layout == "nvfp4_x4" && w.dtype == DType::NVFP4),
+          "layout must be 'file', or 'nvfp4_x4' for nvfp4 weights; got " + layout);
+  if (layout == "nvfp4_x4") w.layout = WeightLayout::Nvfp4X4;
   const int n1 = n1_opt.value_or(N), ldy = ldy_opt.value_or(N);
   require(0 <= n0 && n0 <= n1 && n1 <= N, "need 0 <= n0 <= n1 <= N");
   require(ldy >= n1, "ldy must be >= n1");
@@ -212,10 +216,26 @@ void bind_kernels(py::module_& m) {
   k.def("gemm", &py_gemm, py::arg("dtype"), py::arg("data"), py::arg("x"), py::kw_only(),
         py::arg("scales") = py::none(), py::arg("tscale") = 1.0f, py::arg("n0") = 0,
         py::arg("n1") = py::none(), py::arg("ldy") = py::none(), py::arg("repeat") = 1,
-        py::arg("mins") = py::none(),
+        py::arg("mins") = py::none(), py::arg("layout") = "file",
         "y[m, n] = sum_k x[m,k] W[n,k] for n in [n0, n1): f32 [M, ldy], other columns 0.\n"
         "dtype f32|f16|nvfp4|w4a8|w8a8 (w4a8 with mins f16 [N, Kp/32]: GGUF Q4_1); quantised\n"
-        "formats quantise x with quantize_act_q8.");
+        "formats quantise x with quantize_act_q8. layout='nvfp4_x4': nvfp4 data/scales from\n"
+        "repack_nvfp4_x4 (what the CPU backend does at load, in place).");
+  k.def("repack_nvfp4_x4", [](const Arr<uint8_t>& codes, const Arr<uint8_t>& scales) {
+          require(codes.ndim() == 2 && scales.ndim() == 2 && codes.shape(0) == scales.shape(0) &&
+                      codes.shape(1) * 2 % kQuantPad == 0 && scales.shape(1) * kNvfp4Block == codes.shape(1) * 2,
+                  "nvfp4 codes u8 [N, Kp/2] and scales u8 [N, Kp/16] with Kp a multiple of 32");
+          const int N = int(codes.shape(0)), Kp = int(codes.shape(1)) * 2;
+          py::array_t<uint8_t> c({N, Kp / 2}), s({N, Kp / kNvfp4Block});
+          repack_nvfp4_x4(codes.data(), scales.data(), N, Kp, c.mutable_data(), s.mutable_data());
+          return py::make_tuple(c, s);
+        }, py::arg("codes"), py::arg("scales"),
+        "NVFP4 file layout -> the Nvfp4X4 layout (kernels.h): (codes, scales) of the same shapes.");
+  k.def("preferred_layout", [](const std::string& dtype) {
+          WeightView w;
+          w.dtype = parse_dtype(dtype);
+          return preferred_layout(w) == WeightLayout::Nvfp4X4 ? std::string("nvfp4_x4") : std::string("file");
+        }, py::arg("dtype"), "The layout the active kernel set repacks weights of this dtype into at load.");
   k.def("attention", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("pages"),
         py::kw_only(), py::arg("g") = 0, py::arg("ctx"), py::arg("ref") = false,
         "Causal attention of one query (q f32 [G, D], the heads of KV head g) over ctx tokens of\n"

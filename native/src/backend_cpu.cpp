@@ -66,6 +66,20 @@ class CpuBackend final : public Backend {
     pool_.run(tasks, [&](int t, int) { rows(t * R, std::min(M, t * R + R)); });
   }
 
+  // NVFP4 weights are repacked in place (the same buffers and bytes) into the layout of the
+  // active kernel set (kernels.h: preferred_layout; File for scalar / NEON, which then read
+  // the file layout as it is). Kernels read the view's layout tag, so switching the kernel
+  // ISA afterwards stays correct. KVDECK_NVFP4_REPACK=0 keeps the file layout (for A/B runs).
+  void prepare_weight(WeightView& w) override {
+    if (!repack_nvfp4_ || w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
+    if (preferred_layout(w) != WeightLayout::Nvfp4X4) return;
+    // The engine's upload of this tensor is host memory this backend allocated (alloc()).
+    repack_nvfp4_x4(static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(w.scales), w.N, w.Kp,
+                    static_cast<uint8_t*>(const_cast<void*>(w.data)),
+                    static_cast<uint8_t*>(const_cast<void*>(w.scales)));
+    w.layout = WeightLayout::Nvfp4X4;
+  }
+
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
     q.act.M = M;
     q.act.Kp = round_up(K, kQ8Block);
@@ -306,6 +320,10 @@ class CpuBackend final : public Backend {
     const char* s = std::getenv("KVDECK_ATTN_TILE");
     const int v = s && *s ? std::atoi(s) : cpu::kAttnQueryTile;
     return std::clamp(v, 1, 64);
+  }();
+  bool repack_nvfp4_ = [] {
+    const char* s = std::getenv("KVDECK_NVFP4_REPACK");
+    return !(s && std::strcmp(s, "0") == 0);
   }();
   int tasks_per_thread_ = [] {
     const char* s = std::getenv("KVDECK_TASKS_PER_THREAD");

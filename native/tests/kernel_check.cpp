@@ -139,11 +139,12 @@ struct Case {
   std::vector<float> wf;        // the dequantised weight [N, K] (float64 reference input)
   std::vector<float> f32;       // storage
   std::vector<uint16_t> f16;    // storage (weights or w4a8 scales)
+  std::vector<uint16_t> mins;   // w4a8 group 32 with mins (GGUF Q4_1): f16 [N, Kp/32]
   std::vector<uint8_t> codes, scales;
 };
 
 // exact: small integer values and power-of-two scales, so every product and sum is exact.
-Case make_case(DType t, int N, int K, int group, bool exact) {
+Case make_case(DType t, int N, int K, int group, bool exact, bool with_mins = false) {
   Case c;
   c.w.dtype = t;
   c.w.N = N;
@@ -169,6 +170,8 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
   c.w.group = gs;
   std::vector<double> scale(size_t(N) * (Kp / gs));
   for (auto& s : scale) s = exact ? std::ldexp(1.0, rand_int(-1, 1)) : 0.01 + 0.05 * std::fabs(rand_normal());
+  if (t == DType::NVFP4)  // negative E4M3 scales are valid in the file format (the repack folds them)
+    for (auto& s : scale) s = rand_int(0, 9) == 0 ? -s : s;
   if (t == DType::NVFP4) {
     c.w.tscale = exact ? 0.5f : 1.7f;
     for (double s : scale) c.scales.push_back(f32_to_e4m3(float(s)));
@@ -176,6 +179,11 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
   } else {
     for (double s : scale) c.f16.push_back(f32_to_f16(float(s)));
     c.w.scales = c.f16.data();
+    if (with_mins) {  // w = scale * code + min (formats.h)
+      for (int i = 0; i < N * Kp / 32; ++i)
+        c.mins.push_back(f32_to_f16(exact ? float(rand_int(-4, 4)) * 0.25f : 0.05f * rand_normal()));
+      c.w.mins = c.mins.data();
+    }
   }
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {  // padding k in [K, Kp) keeps code 0 (value 0)
@@ -184,14 +192,22 @@ Case make_case(DType t, int N, int K, int group, bool exact) {
       const size_t si = size_t(n) * (Kp / gs) + k / gs;
       c.wf[size_t(n) * K + k] = t == DType::NVFP4
                                     ? float(ref_e2m1(uint8_t(code)) * ref_e4m3(c.scales[si]) * c.w.tscale)
-                                    : float((code - 8) * ref_f16(c.f16[si]));
+                                    : float((code - 8) * ref_f16(c.f16[si]) +
+                                            (with_mins ? ref_f16(c.mins[size_t(n) * (Kp / 32) + k / 32]) + 8 * ref_f16(c.f16[si]) : 0.0));
     }
   return c;
 }
 
-void check_gemm(const char* isa, DType t, int group, bool exact) {
-  const int M = 3, N = 7, K = 80, Kp = round_up(K, kQ8Block);
-  Case c = make_case(t, N, K, group, exact);
+// x4: NVFP4 repacked to WeightLayout::Nvfp4X4 (as the CPU backend does at load) first.
+// Rows [n0, N) are computed; columns [0, n0) must stay untouched.
+void check_gemm(const char* isa, DType t, int group, bool exact, bool x4 = false, int M = 3, int N = 7,
+                int K = 80, int n0 = 1, bool with_mins = false) {
+  const int Kp = round_up(K, kQ8Block);
+  Case c = make_case(t, N, K, group, exact, with_mins);
+  if (x4) {
+    repack_nvfp4_x4(c.codes.data(), c.scales.data(), N, Kp, c.codes.data(), c.scales.data());  // in place
+    c.w.layout = WeightLayout::Nvfp4X4;
+  }
   std::vector<float> x(size_t(M) * K);
   for (int m = 0; m < M; ++m)
     for (int k = 0; k < K; ++k) {
@@ -207,7 +223,7 @@ void check_gemm(const char* isa, DType t, int group, bool exact) {
   quantize_act_q8(x.data(), M, K, a);
   const int ldy = N + 2;
   std::vector<float> y(size_t(M) * ldy, -1.0f);
-  gemm(c.w, x.data(), &a, M, y.data(), ldy, 1, N);  // columns [1, N): column 0 untouched
+  gemm(c.w, x.data(), &a, M, y.data(), ldy, n0, N);
   int bad = 0;
   double worst = 0.0;
   for (int m = 0; m < M; ++m)
@@ -221,7 +237,7 @@ void check_gemm(const char* isa, DType t, int group, bool exact) {
         mag += std::fabs(xv * c.wf[size_t(n) * K + k]);
       }
       const float got = y[size_t(m) * ldy + n];
-      if (n == 0) {
+      if (n < n0) {
         bad += got != -1.0f;
       } else if (exact) {
         bad += double(got) != ref;
@@ -231,7 +247,10 @@ void check_gemm(const char* isa, DType t, int group, bool exact) {
         bad += err > 1e-5;
       }
     }
-  const std::string name = std::string(isa) + " gemm " + dtype_name(t) + (t == DType::W4A8 ? " group " + std::to_string(group) : "");
+  const std::string name = std::string(isa) + " gemm " + dtype_name(t) + (x4 ? " x4" : "") +
+                           (t == DType::W4A8 ? " group " + std::to_string(group) : "") + (with_mins ? " mins" : "") +
+                           " M " + std::to_string(M) +
+                           " N " + std::to_string(N) + " K " + std::to_string(K);
   check(bad == 0, name + (exact ? " exact: " : " random: ") + std::to_string(bad) + " outputs differ" +
                       (exact ? "" : " (worst relative error " + std::to_string(worst) + ", bound 1e-5)"));
 }
@@ -427,6 +446,14 @@ int main(int argc, char** argv) {
       check_gemm(isa, DType::F16, 0, exact);
       check_gemm(isa, DType::NVFP4, 0, exact);
       for (int group : {16, 32, 96}) check_gemm(isa, DType::W4A8, group, exact);
+      // GGUF Q4_1 blocks (mins; AVX2 fuses their term into the tile): GEMV, GEMM, odd block counts
+      for (int M : {1, 3, 9}) check_gemm(isa, DType::W4A8, 32, exact, false, M, 7, M == 1 ? 576 : 80, 1, true);
+      // The repacked NVFP4 layout: tails of 0..3 32-blocks, partial last groups, GEMV (M = 1)
+      // on whole groups and on rows of a split group, GEMM tiles and their remainders.
+      struct Shape { int M, N, K, n0; };
+      for (const Shape& sh : {Shape{3, 7, 80, 1}, Shape{1, 13, 576, 0}, Shape{1, 13, 576, 2}, Shape{1, 8, 256, 0},
+                              Shape{8, 9, 288, 1}, Shape{13, 6, 160, 0}, Shape{1, 5, 32, 0}, Shape{7, 4, 1536, 0}})
+        check_gemm(isa, DType::NVFP4, 0, exact, true, sh.M, sh.N, sh.K, sh.n0);
     }
     std::printf("kernel_check: %s kernels checked\n", isa);
   }

@@ -5,7 +5,9 @@ multiple of 16 or 32, M in {1, 3, 17, 70}, sub-ranges [n0, n1), ldy > N). The or
 dequantises weights (and, for quantised formats, the int8 activations) to float64 and
 multiplies in float64; kernels may sum in another order, so the error is bounded
 relative to the L1 norm of the products: |y - ref| <= 1e-5 * sum_k |x_k w_nk|.
-quantize_act_q8 must match models.quant.q8 bit for bit.
+quantize_act_q8 must match models.quant.q8 bit for bit. nvfp4_x4 is nvfp4 repacked to the
+layout the CPU backend uses at load (kernels.h, WeightLayout::Nvfp4X4); bit-exactness of every
+ISA on integer-exact inputs is native/tests/kernel_check.cpp's job.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ K_ = _native.kernels
 ISAS = [isa for isa in ("scalar", "avx2", "avx512vnni", "neon") if K_.cpu_supports(isa)]
 REL_TOL = 1e-5
 # Fixed per-format seeds (hash(str) is salted per process, so it gave a different case each run).
-SEEDS = {"f32": 101, "f16": 102, "nvfp4": 103, "w4a8": 104}
+SEEDS = {"f32": 101, "f16": 102, "nvfp4": 103, "w4a8": 104, "nvfp4_x4": 105}
 
 # (N, K, M, n0, n1, ldy_extra)
 SHAPES = [
@@ -73,6 +75,10 @@ def _weights(fmt, w, group=32):
         sc = np.repeat(decode_e4m3(t.scales).astype(np.float64), 16, axis=1)
         wd = vals * sc * np.float64(t.tscale)
         return dict(data=t.codes, scales=t.scales, tscale=float(t.tscale)), wd[:, :K]
+    if fmt == "nvfp4_x4":  # the layout the CPU backend repacks nvfp4 into at load
+        kw, wd = _weights("nvfp4", w)
+        kw["data"], kw["scales"] = K_.repack_nvfp4_x4(kw["data"], kw["scales"])
+        return dict(kw, layout="nvfp4_x4"), wd
     if fmt == "w4a8":
         t = quantize_w4a8(w, group=group)
         q = unpack_nibbles(t.codes).astype(np.float64) - 8.0                # [N, Kp]
@@ -84,9 +90,9 @@ def _weights(fmt, w, group=32):
 def _check(fmt, w_kw, wd, x, n0, n1, ldy):
     M, K = x.shape
     N = wd.shape[0]
-    y = K_.gemm(fmt, w_kw.pop("data"), x, n0=n0, n1=n1, ldy=ldy, **w_kw)
+    y = K_.gemm(fmt.replace("_x4", ""), w_kw.pop("data"), x, n0=n0, n1=n1, ldy=ldy, **w_kw)
     assert y.shape == (M, ldy) and y.dtype == np.float32
-    if fmt in ("nvfp4", "w4a8"):
+    if fmt in ("nvfp4", "nvfp4_x4", "w4a8"):
         q, d, _ = q8_ref(x)
         Kp = q.shape[1]
         xd = (q.reshape(M, -1, 32).astype(np.float64) * d[:, :, None]).reshape(M, Kp)[:, :K]
@@ -101,7 +107,7 @@ def _check(fmt, w_kw, wd, x, n0, n1, ldy):
     assert not y[:, :n0].any() and not y[:, n1:].any()
 
 
-@pytest.mark.parametrize("fmt", ["f32", "f16", "nvfp4", "w4a8"])
+@pytest.mark.parametrize("fmt", ["f32", "f16", "nvfp4", "nvfp4_x4", "w4a8"])
 def test_gemm_matches_oracle(isa, fmt):
     rng = np.random.default_rng(SEEDS[fmt])
     for N, K, M, n0, n1, extra in SHAPES:
@@ -130,14 +136,90 @@ def test_quantised_formats_agree_across_isas():
     x = _rand(rng, (5, 200))
     before = K_.kernel_isa()
     try:
-        for fmt in ("nvfp4", "w4a8"):
+        for fmt in ("nvfp4", "nvfp4_x4", "w4a8"):
             kw, _ = _weights(fmt, w)
             outs = []
             for isa in ISAS:
                 K_.set_kernel_isa(isa)
-                outs.append(K_.gemm(fmt, kw["data"], x, **{k: v for k, v in kw.items() if k != "data"}))
+                outs.append(K_.gemm(fmt.replace("_x4", ""), kw["data"], x,
+                                    **{k: v for k, v in kw.items() if k != "data"}))
             for o in outs[1:]:
                 np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
+    finally:
+        K_.set_kernel_isa(before)
+
+
+def test_w4a8_mins_match_oracle(isa):
+    """GGUF Q4_1 blocks (w = scale * nibble + min; the AVX2 tile fuses the min's term): every
+    ISA against the float64 oracle, GEMV and GEMM, odd block counts, a sub-range of rows."""
+    rng = np.random.default_rng(23)
+    for N, K, M, n0, n1 in [(13, 576, 1, 0, 13), (9, 288, 3, 1, 9), (7, 100, 17, 2, 6), (33, 1536, 70, 0, 33)]:
+        Kp = -(-K // 32) * 32
+        codes = rng.integers(0, 256, (N, Kp // 2), dtype=np.uint8)
+        codes[:, K // 2:] &= 0x00 if K % 2 == 0 else 0x0F   # padding k >= K is code 0
+        scales = (rng.random((N, Kp // 32)) * 0.01).astype(np.float16)
+        mins = (rng.standard_normal((N, Kp // 32)) * 0.05).astype(np.float16)
+        x = _rand(rng, (M, K))
+        nib = unpack_nibbles(codes).astype(np.float64)[:, :K]
+        wd = nib * np.repeat(scales.astype(np.float64), 32, axis=1)[:, :K] + \
+            np.repeat(mins.astype(np.float64), 32, axis=1)[:, :K]
+        y = K_.gemm("w4a8", codes, x, scales=scales, mins=mins, n0=n0, n1=n1)
+        q, d, _ = q8_ref(x)
+        xd = (q.reshape(M, -1, 32).astype(np.float64) * d[:, :, None]).reshape(M, Kp)[:, :K]
+        ref, l1 = xd @ wd.T, np.abs(xd) @ np.abs(wd).T + 1e-30
+        err = np.abs(y[:, n0:n1] - ref[:, n0:n1]) / l1[:, n0:n1]
+        assert err.max() <= REL_TOL, f"{isa} w4a8+mins {N}x{K} M={M}: max rel err {err.max():.3g}"
+        assert not y[:, :n0].any() and not y[:, n1:].any()
+
+
+def _nvfp4_case(rng, N, K, neg=0.1):
+    """(codes, scales, tscale) of random weights, a fraction `neg` of the scales made negative."""
+    t = quantize_nvfp4(_rand(rng, (N, K), 0.05))
+    sc = t.scales.copy()
+    sc[rng.random(sc.shape) < neg] |= 0x80
+    return t.codes, sc, float(t.tscale)
+
+
+def test_nvfp4_x4_scalar_is_bit_identical_to_the_file_layout():
+    """The scalar reader of the repacked layout does the scalar kernel's float operations in its
+    order: same bits, negative scales (folded into the codes at repack) included."""
+    rng = np.random.default_rng(21)
+    before = K_.kernel_isa()
+    try:
+        K_.set_kernel_isa("scalar")
+        for N, K, M in [(13, 576, 1), (7, 80, 3), (9, 288, 17), (6, 1536, 2), (5, 32, 1)]:
+            codes, sc, g = _nvfp4_case(rng, N, K)
+            x = _rand(rng, (M, K))
+            ref = K_.gemm("nvfp4", codes, x, scales=sc, tscale=g)
+            xc, xs = K_.repack_nvfp4_x4(codes, sc)
+            assert xc.shape == codes.shape and xs.shape == sc.shape
+            got = K_.gemm("nvfp4", xc, x, scales=xs, tscale=g, layout="nvfp4_x4")
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    finally:
+        K_.set_kernel_isa(before)
+
+
+def test_nvfp4_x4_layout_is_a_permutation_of_the_file_bytes():
+    """Positive scales: the repack only moves bytes (per group of 4 rows, codes and scales)."""
+    rng = np.random.default_rng(22)
+    codes, sc, _ = _nvfp4_case(rng, 10, 576, neg=0.0)
+    xc, xs = K_.repack_nvfp4_x4(codes, sc)
+    for g0 in range(0, 10, 4):
+        np.testing.assert_array_equal(np.sort(xc[g0:g0 + 4], axis=None), np.sort(codes[g0:g0 + 4], axis=None))
+        np.testing.assert_array_equal(np.sort(xs[g0:g0 + 4], axis=None), np.sort(sc[g0:g0 + 4], axis=None))
+    assert not np.array_equal(xc, codes), "the repack left the codes in file order"
+
+
+def test_preferred_layout_per_isa():
+    """Kernel sets with a repacked nvfp4 kernel ask for it; scalar reads the file layout."""
+    before = K_.kernel_isa()
+    try:
+        want = {"scalar": "file", "avx2": "nvfp4_x4"}
+        for isa in ISAS:
+            K_.set_kernel_isa(isa)
+            assert K_.preferred_layout("w4a8") == "file"
+            if isa in want:
+                assert K_.preferred_layout("nvfp4") == want[isa], isa
     finally:
         K_.set_kernel_isa(before)
 
@@ -259,3 +341,38 @@ def test_bad_arguments():
         K_.gemm("f32", np.zeros((4, 64), np.float32), x, n0=2, n1=5)
     with pytest.raises(ValueError):
         K_.gemm("bf16", np.zeros((4, 64), np.float32), x)
+    with pytest.raises(ValueError, match="layout"):
+        K_.gemm("w4a8", np.zeros((4, 32), np.uint8), x, scales=np.zeros((4, 2), np.float16), layout="nvfp4_x4")
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="no kernel set with a repacked nvfp4 kernel on this CPU")
+def test_engine_repacks_nvfp4_at_load(monkeypatch, root):
+    """The CPU backend repacks nvfp4 weights at load (in place) for the active SIMD set: its
+    logits are those of the file layout (scalar: bit for bit, as the scalar readers of both
+    layouts are; SIMD: within float rounding, yet not the same bits, so the repacked kernel
+    ran). KVDECK_NVFP4_REPACK=0 keeps the file layout."""
+    from app.engine import load_engine
+    from app.engine.errors import EngineError
+
+    before = K_.kernel_isa()
+    try:
+        K_.set_kernel_isa("avx2")
+        try:
+            x4 = load_engine(root.name, weights="nvfp4", kv="f32", threads=1, max_context=64)
+        except EngineError as e:  # a folder from a newer converter (8-bit embedding rows)
+            if "the embedding must be f32 or f16" not in str(e):
+                raise
+            pytest.skip(f"this build cannot load the nvfp4 folder: {e}")
+        monkeypatch.setenv("KVDECK_NVFP4_REPACK", "0")
+        file = load_engine(root.name, weights="nvfp4", kv="f32", threads=1, max_context=64)
+        ids = x4.tokenizer.encode("The Jetson Orin has a CPU", add_special_tokens=False).ids[:8]
+        a, b = x4.logits(ids), file.logits(ids)
+        assert (a.view(np.uint32) != b.view(np.uint32)).any(), "same bits: the file-layout kernel ran twice"
+        # Float order differences grow through 30 layers of int8 activation rounding: measured
+        # 2026-12-01 max |x4 - file| 1.33 on logits up to 27 (avx2 file vs scalar: 0.84).
+        assert np.abs(a - b).max() < 0.1 * np.abs(b).max()
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+        K_.set_kernel_isa("scalar")
+        np.testing.assert_array_equal(x4.logits(ids[:4]).view(np.uint32), file.logits(ids[:4]).view(np.uint32))
+    finally:
+        K_.set_kernel_isa(before)

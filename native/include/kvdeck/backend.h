@@ -121,7 +121,8 @@ class Backend {
   // ---- load time --------------------------------------------------------------------
   // Called once per linear weight after all weights are uploaded, before the first forward:
   // a backend may repack w into a layout of its own (allocating backend memory it owns and
-  // frees) and rewrite the view. The CPU backend keeps the file layout.
+  // frees, or in place in the view's buffers) and rewrite the view. The CPU backend repacks
+  // NVFP4 in place into WeightLayout::Nvfp4X4 when its active kernel set prefers it (kernels.h).
   virtual void prepare_weight(WeightView& w) { (void)w; }
 };
 

@@ -15,6 +15,20 @@
 
 namespace kvdeck {
 
+// How a weight view's bytes are arranged (the tag kernels dispatch on).
+//   File    : the model-folder layout of formats.h.
+//   Nvfp4X4 : NVFP4 repacked at load for the integer SIMD kernels (repack_nvfp4_x4), in the
+//             same two buffers and byte counts as the file layout (so it can be done in place):
+//     rows in groups of 4 (the last group holds N % 4 rows when N is not a multiple of 4);
+//     K in chunks of 128 (eight 16-blocks), the last chunk holding the remaining 1..3
+//     32-blocks. Group g's codes start at byte 4g * Kp/2; for each chunk, each row of the group
+//     in turn: two parts of 4 bytes per 16-block, part h of 16-block j = file code bytes
+//     8j + 4h .. 8j + 4h + 3 of the chunk (a full chunk: [part 0: 32 B | part 1: 32 B] per
+//     row). Group g's scales start at byte 4g * Kp/16: per chunk, each row's scale bytes of
+//     the chunk's 16-blocks in order. A negative scale byte is stored as its magnitude with
+//     the sign moved into the block's codes (code ^ 8), which is exact.
+enum class WeightLayout : int32_t { File = 0, Nvfp4X4 = 1 };
+
 // A linear layer's weight W [N, K] (N outputs, K inputs) in one of the DType formats.
 // Non-owning view; see formats.h for the layout of each format.
 struct WeightView {
@@ -26,6 +40,7 @@ struct WeightView {
   const void* scales = nullptr;  // NVFP4: u8 e4m3 [N,Kp/16] | W4A8: f16 [N,Kp/group] | W8A8: f16 [N,Kp/32]
   const void* mins = nullptr;    // W4A8 group 32 only, optional: f16 [N,Kp/32] (GGUF Q4_1 minimums)
   float tscale = 1.0f;           // NVFP4 tensor scale
+  WeightLayout layout = WeightLayout::File;
 };
 
 // Activations quantised to int8 per block of 32 along K (symmetric):
@@ -47,6 +62,14 @@ void quantize_act_q8(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 //   y  : f32, row stride ldy
 void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
           int n0, int n1);
+
+// The layout the active kernel set reads fastest for w (File where it has no repacked kernel:
+// scalar, and the NEON set, read the file layout). Every kernel set reads every layout.
+WeightLayout preferred_layout(const WeightView& w);
+// NVFP4 file layout -> Nvfp4X4 (see WeightLayout). out buffers may be the input buffers
+// (in place) or distinct ones of the same sizes (codes [N*Kp/2], scales [N*Kp/16] bytes).
+void repack_nvfp4_x4(const uint8_t* codes, const uint8_t* scales, int N, int Kp, uint8_t* codes_out,
+                     uint8_t* scales_out);
 
 const char* kernel_isa();                 // "avx512vnni" | "avx2" | "scalar"
 bool set_kernel_isa(const char* name);    // false if the CPU cannot run it

@@ -94,6 +94,8 @@ bool cpu_supports(const char* name) {
 
 const char* kernel_isa() { return active().load(std::memory_order_relaxed)->name; }
 
+const cpu::KernelSet& cpu::active_kernels() { return *active().load(std::memory_order_relaxed); }
+
 bool set_kernel_isa(const char* name) {
   const cpu::KernelSet* k = kernels_for(name);
   if (k == nullptr) return false;
@@ -109,8 +111,12 @@ void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y,
           int n1) {
   if (M <= 0 || n1 <= n0) return;
   const cpu::KernelSet* k = active().load(std::memory_order_relaxed);
+  if (w.layout == WeightLayout::Nvfp4X4) {  // repacked at load (repack_nvfp4_x4)
+    (k->gemm_nvfp4_x4 ? k->gemm_nvfp4_x4 : cpu::gemm_nvfp4_x4_scalar)(w, *xq, M, y, ldy, n0, n1);
+    return;
+  }
   k->gemm(w, x, xq, M, y, ldy, n0, n1);
-  if (w.dtype == DType::W4A8 && w.mins) k->w4a8_mins(w, *xq, M, y, ldy, n0, n1);  // GGUF Q4_1 blocks
+  if (w.dtype == DType::W4A8 && w.mins && !k->gemm_fuses_mins) k->w4a8_mins(w, *xq, M, y, ldy, n0, n1);  // GGUF Q4_1
 }
 
 }  // namespace kvdeck

@@ -11,7 +11,9 @@
 //     (two 32-blocks, low nibbles = even elements, high = odd) meets matching int8 vectors.
 // Decode (M = 1) processes kGemvRows weight rows at once (one activation load serves all);
 // prefill tiles kGemmRowsN weight rows x kGemmRowsM activation rows in registers, over
-// activation blocks of kMBlock rows kept in L2.
+// activation blocks of kMBlock rows kept in L2. The engine's NVFP4 weights are repacked at
+// load and run in gemm_repack_avx2.cpp; the NVFP4 path here reads the file layout. Dense
+// formats: gemm_dense_avx2.cpp.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -28,11 +30,11 @@ namespace {
 // ---- tuning constants ---------------------------------------------------------------
 constexpr int kGemvRows = 4;   // weight rows per GEMV step (activation reuse, 4 streams)
 constexpr int kGemmRowsN = 2;  // weight rows per GEMM register tile
-constexpr int kGemmRowsM = 4;  // activation rows per GEMM register tile (2x4 = 8 accumulators)
+// Activation rows per GEMM register tile (2x4 = 8 accumulators). For NVFP4 (file layout) one
+// accumulator spills each pair, yet 2x3 without a spill measured 0.93-0.95x its speed at M = 64
+// (2026-12-01): kept. The engine's NVFP4 runs the repacked kernel (no spill).
+constexpr int kGemmRowsM = 4;
 constexpr int kMBlock = 64;    // activation rows packed at once (64 x Kp x 2.5 B stays in L2)
-constexpr int kDenseGemvRows = 4;  // f32/f16 GEMV rows at once
-constexpr int kDenseRowsN = 3;     // f32/f16 GEMM tile: 3 weight rows x 4 x rows = 12 accs
-constexpr int kDenseRowsM = 4;
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
 
 inline int32_t hsum_epi32(__m256i v) {
@@ -104,14 +106,17 @@ namespace {
 struct alignas(32) PairPack {
   int8_t even[32];   // [q[b][0,2,..,30] | q[b+1][0,2,..,30]]
   int8_t odd[32];    // [q[b][1,3,..,31] | q[b+1][1,3,..,31]]
-  int32_t corr[8];   // int32 lane corrections undoing the weight offset (sum over lanes = -off*s)
+  int32_t corr[8];   // int32 lane corrections undoing the weight offset (sum over lanes = -off*s);
+                     // W4A8 with mins: instead the f32 bits of d_a * s / 4 (see pack_acts)
   float d[8];        // [d_a[b] x4 | d_a[b+1] x4]
 };
 
 // After maddubs + madd, int32 lane j (0..3) of a block's 128-bit half covers elements
 // 8j..8j+7 of that block (4 even + 4 odd). W4A8: each lane gets -8*s/4 = -2*s (s = 32-block
 // sum). NVFP4: lanes 0,1 are 16-block 0 and lanes 2,3 16-block 1: each gets -12*s16/2.
-template <bool kNvfp4>
+// W4A8 with mins (GGUF Q4_1, w = scale * nibble + min): sum(w * a) = scale * sum(nibble * a)
+// + min * s, so no offset correction; each lane carries d_a * s / 4 for the min's FMA.
+template <bool kNvfp4, bool kMins = false>
 void pack_acts(const ActQ8& xq, int m0, int mb, int P, PairPack* out /*[mb, P]*/) {
   const int Kp = xq.Kp, nb = Kp / kQ8Block;
   for (int mi = 0; mi < mb; ++mi) {
@@ -135,6 +140,9 @@ void pack_acts(const ActQ8& xq, int m0, int mb, int P, PairPack* out /*[mb, P]*/
           for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
           pk.corr[4 * h + 0] = pk.corr[4 * h + 1] = -kNvfp4Offset / 2 * s0;
           pk.corr[4 * h + 2] = pk.corr[4 * h + 3] = -kNvfp4Offset / 2 * s1;
+        } else if (kMins) {
+          const float ds = d * float(xq.s[size_t(m) * nb + b]) * 0.25f;
+          for (int j = 0; j < 4; ++j) std::memcpy(&pk.corr[4 * h + j], &ds, 4);
         } else {
           const int s = xq.s[size_t(m) * nb + b];
           for (int j = 0; j < 4; ++j) pk.corr[4 * h + j] = -kW4a8Offset / 4 * s;
@@ -149,6 +157,7 @@ void pack_acts(const ActQ8& xq, int m0, int mb, int P, PairPack* out /*[mb, P]*/
 struct QRow {
   const uint8_t* codes;   // [Kp/2]: 32 bytes per pair of 32-blocks
   const uint8_t* scales;  // 4 bytes per pair: W4A8 2 x f16 (one per 32-block), NVFP4 4 x e4m3
+  const uint8_t* mins = nullptr;  // W4A8 with mins: 4 bytes per pair, 2 x f16
 };
 
 // Unsigned 4-bit weights of one pair from 32 code bytes: lo = even elements, hi = odd.
@@ -202,9 +211,10 @@ inline void nvfp4_pair_scales4(const uint32_t (&sb)[4], __m256 (&out)[4]) {
   }
 }
 
-// One pair step of a RN x RM tile: acc[n][m] += (ws[n] * d_a) * float(int dot + corr).
-template <bool kNvfp4, int RN, int RM>
-inline void tile_step(const __m256i (&c)[RN], const uint32_t (&sb)[RN],
+// One pair step of a RN x RM tile: acc[n][m] += (ws[n] * d_a) * float(int dot + corr)
+// (with mins: + (d_a * s / 4) * min per lane, and no corr).
+template <bool kNvfp4, bool kMins, int RN, int RM>
+inline void tile_step(const __m256i (&c)[RN], const uint32_t (&sb)[RN], const uint32_t (&mb)[RN],
                       const PairPack* const (&a)[RM], __m256 (&acc)[RN][RM]) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 ws4[4];
@@ -217,21 +227,24 @@ inline void tile_step(const __m256i (&c)[RN], const uint32_t (&sb)[RN],
       ws = ws4[n];
     else
       ws = pair_scale<kNvfp4>(sb[n]);
+    const __m256 mv = kMins ? pair_scale<false>(mb[n]) : _mm256_setzero_ps();
     for (int m = 0; m < RM; ++m) {
       const __m256i e = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->even));
       const __m256i o = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->odd));
       const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, e), _mm256_maddubs_epi16(hi, o));
       __m256i s32 = _mm256_madd_epi16(s16, ones);
-      s32 = _mm256_add_epi32(s32, _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->corr)));
+      if (!kMins) s32 = _mm256_add_epi32(s32, _mm256_load_si256(reinterpret_cast<const __m256i*>(a[m]->corr)));
       const __m256 sc = _mm256_mul_ps(ws, _mm256_load_ps(a[m]->d));
       acc[n][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), sc, acc[n][m]);
+      if (kMins)
+        acc[n][m] = _mm256_fmadd_ps(_mm256_load_ps(reinterpret_cast<const float*>(a[m]->corr)), mv, acc[n][m]);
     }
   }
 }
 
 // y[m, n] for RN weight rows x RM packed activation rows, over all P pairs.
 //   nb: 32-blocks per row (odd nb: the last pair reads only 16 code bytes / half its scales).
-template <bool kNvfp4, int RN, int RM>
+template <bool kNvfp4, bool kMins, int RN, int RM>
 void q4_tile(const QRow (&w)[RN], const PairPack* const (&a0)[RM], int P, int nb, float out_scale,
              float* const (&y)[RM] /*y row pointers, already offset to column n*/) {
   __m256 acc[RN][RM];
@@ -242,28 +255,34 @@ void q4_tile(const QRow (&w)[RN], const PairPack* const (&a0)[RM], int P, int nb
   for (int m = 0; m < RM; ++m) a[m] = a0[m];
   for (int p = 0; p < Pfull; ++p) {
     __m256i c[RN];
-    uint32_t sb[RN];
+    uint32_t sb[RN], mb[RN] = {};
     for (int n = 0; n < RN; ++n) {
       const uint8_t* cp = w[n].codes + 32 * size_t(p);
+      if (kMins) std::memcpy(&mb[n], w[n].mins + 4 * size_t(p), 4);
       if (RM == 1) _mm_prefetch(reinterpret_cast<const char*>(cp + kPrefetchBytes), _MM_HINT_T0);
       c[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cp));
       std::memcpy(&sb[n], w[n].scales + 4 * size_t(p), 4);
     }
-    tile_step<kNvfp4, RN, RM>(c, sb, a, acc);
+    tile_step<kNvfp4, kMins, RN, RM>(c, sb, mb, a, acc);
     for (int m = 0; m < RM; ++m) ++a[m];
   }
   if (P > Pfull) {  // last single 32-block: 16 code bytes, 2 scale bytes
     __m256i c[RN];
-    uint32_t sb[RN];
+    uint32_t sb[RN], mb[RN] = {};
     for (int n = 0; n < RN; ++n) {
       const uint8_t* cp = w[n].codes + 32 * size_t(Pfull);
+      if (kMins) {
+        uint16_t m2;
+        std::memcpy(&m2, w[n].mins + 4 * size_t(Pfull), 2);
+        mb[n] = m2;
+      }
       c[n] = _mm256_inserti128_si256(_mm256_setzero_si256(),
                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(cp)), 0);
       uint16_t s2;
       std::memcpy(&s2, w[n].scales + 4 * size_t(Pfull), 2);
       sb[n] = s2;
     }
-    tile_step<kNvfp4, RN, RM>(c, sb, a, acc);
+    tile_step<kNvfp4, kMins, RN, RM>(c, sb, mb, a, acc);
   }
   for (int n = 0; n < RN; ++n)
     for (int m = 0; m < RM; ++m) y[m][n] = hsum(acc[n][m]) * out_scale;
@@ -279,7 +298,7 @@ Scratch& scratch() {
   return s;
 }
 
-template <bool kNvfp4>
+template <bool kNvfp4, bool kMins = false>
 void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   const int Kp = w.Kp, nb = Kp / kQ8Block, P = (nb + 1) / 2;
   const auto* codes = static_cast<const uint8_t*>(w.data);  // [N, Kp/2]
@@ -294,6 +313,7 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
 
   auto row = [&](int n, int slot) -> QRow {
     QRow r{codes + size_t(n) * (Kp / 2), scales + size_t(n) * row_scale_bytes};
+    if (kMins) r.mins = static_cast<const uint8_t*>(w.mins) + size_t(n) * nb * 2;  // f16 [nb] (group 32)
     if (expand) {
       const auto* s = reinterpret_cast<const uint16_t*>(r.scales);  // f16 [Kp/group]
       uint16_t* e = S.wscales.data() + size_t(slot) * 2 * P;        // f16 [2P]
@@ -305,7 +325,7 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
 
   for (int m0 = 0; m0 < M; m0 += kMBlock) {
     const int mb = std::min(kMBlock, M - m0);
-    pack_acts<kNvfp4>(xq, m0, mb, P, S.acts.data());
+    pack_acts<kNvfp4, kMins>(xq, m0, mb, P, S.acts.data());
     const PairPack* A = S.acts.data();  // [mb, P]
     if (mb == 1) {  // decode GEMV: kGemvRows rows share each activation load
       int n = n0;
@@ -314,13 +334,13 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
         for (int i = 0; i < kGemvRows; ++i) r[i] = row(n + i, i);
         const PairPack* a[1] = {A};
         float* yp[1] = {y + size_t(m0) * ldy + n};
-        q4_tile<kNvfp4, kGemvRows, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, kGemvRows, 1>(r, a, P, nb, out_scale, yp);
       }
       for (; n < n1; ++n) {
         QRow r[1] = {row(n, 0)};
         const PairPack* a[1] = {A};
         float* yp[1] = {y + size_t(m0) * ldy + n};
-        q4_tile<kNvfp4, 1, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, 1, 1>(r, a, P, nb, out_scale, yp);
       }
       continue;
     }
@@ -330,17 +350,18 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
       QRow r[kGemmRowsN];
       for (int i = 0; i < kGemmRowsN; ++i) r[i] = row(n + i, i);
       int m = 0;
-      for (; m + kGemmRowsM <= mb; m += kGemmRowsM) {
-        const PairPack* a[kGemmRowsM];
-        float* yp[kGemmRowsM];
-        for (int i = 0; i < kGemmRowsM; ++i)
+      constexpr int RM = kGemmRowsM;
+      for (; m + RM <= mb; m += RM) {
+        const PairPack* a[RM];
+        float* yp[RM];
+        for (int i = 0; i < RM; ++i)
           a[i] = A + size_t(m + i) * P, yp[i] = y + size_t(m0 + m + i) * ldy + n;
-        q4_tile<kNvfp4, kGemmRowsN, kGemmRowsM>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, kGemmRowsN, RM>(r, a, P, nb, out_scale, yp);
       }
       for (; m < mb; ++m) {
         const PairPack* a[1] = {A + size_t(m) * P};
         float* yp[1] = {y + size_t(m0 + m) * ldy + n};
-        q4_tile<kNvfp4, kGemmRowsN, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, kGemmRowsN, 1>(r, a, P, nb, out_scale, yp);
       }
     }
     for (; n < n1; ++n) {
@@ -348,102 +369,21 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
       for (int m = 0; m < mb; ++m) {
         const PairPack* a[1] = {A + size_t(m) * P};
         float* yp[1] = {y + size_t(m0 + m) * ldy + n};
-        q4_tile<kNvfp4, 1, 1>(r, a, P, nb, out_scale, yp);
+        q4_tile<kNvfp4, kMins, 1, 1>(r, a, P, nb, out_scale, yp);
       }
     }
-  }
-}
-
-// ============================================================================
-// Dense formats (F32, F16): FMA over K, register-tiled like the quantised kernel
-// ============================================================================
-
-template <bool kF16>
-inline __m256 load_w8(const void* W, size_t i) {
-  if (kF16)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(W) + i)));
-  return _mm256_loadu_ps(static_cast<const float*>(W) + i);
-}
-template <bool kF16>
-inline float load_w1(const void* W, size_t i) {
-  if (kF16) return _cvtsh_ss(static_cast<const uint16_t*>(W)[i]);
-  return static_cast<const float*>(W)[i];
-}
-
-// y[m][n] = dot(x[m], W[n]) for RN weight rows starting at n x RM activation rows.
-template <bool kF16, int RN, int RM>
-void dense_tile(const void* W, int K, int n, const float* const (&x)[RM], float* const (&y)[RM]) {
-  __m256 acc[RN][RM];
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) acc[i][m] = _mm256_setzero_ps();
-  const int K8 = K / 8 * 8;
-  for (int k = 0; k < K8; k += 8) {
-    __m256 wv[RN];
-    for (int i = 0; i < RN; ++i) {
-      if (RM == 1)
-        _mm_prefetch(reinterpret_cast<const char*>(W) + (size_t(n + i) * K + k) * (kF16 ? 2 : 4) + kPrefetchBytes,
-                     _MM_HINT_T0);
-      wv[i] = load_w8<kF16>(W, size_t(n + i) * K + k);
-    }
-    for (int m = 0; m < RM; ++m) {
-      const __m256 xv = _mm256_loadu_ps(x[m] + k);
-      for (int i = 0; i < RN; ++i) acc[i][m] = _mm256_fmadd_ps(wv[i], xv, acc[i][m]);
-    }
-  }
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) {
-      float s = hsum(acc[i][m]);
-      for (int k = K8; k < K; ++k) s += x[m][k] * load_w1<kF16>(W, size_t(n + i) * K + k);
-      y[m][i] = s;
-    }
-}
-
-template <bool kF16>
-void gemm_dense(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1) {
-  const int K = w.K;
-  if (M == 1) {
-    const float* xr[1] = {x};
-    int n = n0;
-    for (; n + kDenseGemvRows <= n1; n += kDenseGemvRows) {
-      float* yp[1] = {y + n};
-      dense_tile<kF16, kDenseGemvRows, 1>(w.data, K, n, xr, yp);
-    }
-    for (; n < n1; ++n) {
-      float* yp[1] = {y + n};
-      dense_tile<kF16, 1, 1>(w.data, K, n, xr, yp);
-    }
-    return;
-  }
-  for (int m0 = 0; m0 < M; m0 += kMBlock) {
-    const int mb = std::min(kMBlock, M - m0);
-    int n = n0;
-    auto do_rows = [&](auto rn_tag, int n) {
-      constexpr int RN = decltype(rn_tag)::value;
-      int m = m0;
-      for (; m + kDenseRowsM <= m0 + mb; m += kDenseRowsM) {
-        const float* xr[kDenseRowsM];
-        float* yp[kDenseRowsM];
-        for (int i = 0; i < kDenseRowsM; ++i) xr[i] = x + size_t(m + i) * K, yp[i] = y + size_t(m + i) * ldy + n;
-        dense_tile<kF16, RN, kDenseRowsM>(w.data, K, n, xr, yp);
-      }
-      for (; m < m0 + mb; ++m) {
-        const float* xr[1] = {x + size_t(m) * K};
-        float* yp[1] = {y + size_t(m) * ldy + n};
-        dense_tile<kF16, RN, 1>(w.data, K, n, xr, yp);
-      }
-    };
-    for (; n + kDenseRowsN <= n1; n += kDenseRowsN) do_rows(std::integral_constant<int, kDenseRowsN>{}, n);
-    for (; n < n1; ++n) do_rows(std::integral_constant<int, 1>{}, n);
   }
 }
 
 void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
                int n0, int n1) {
   switch (w.dtype) {
-    case DType::F32: gemm_dense<false>(w, x, M, y, ldy, n0, n1); break;
-    case DType::F16: gemm_dense<true>(w, x, M, y, ldy, n0, n1); break;
+    case DType::F32:
+    case DType::F16: gemm_dense_avx2(w, x, M, y, ldy, n0, n1); break;
     case DType::W4A8:  // groups that are not a multiple of 32 take the scalar path
-      if (w.group % kQ8Block == 0)
+      if (w.group == kQ8Block && w.mins)  // GGUF Q4_1: the min's term fused (gemm_fuses_mins)
+        gemm_q4<false, true>(w, *xq, M, y, ldy, n0, n1);
+      else if (w.group % kQ8Block == 0)
         gemm_q4<false>(w, *xq, M, y, ldy, n0, n1);
       else
         scalar_kernels().gemm(w, x, xq, M, y, ldy, n0, n1);
@@ -456,7 +396,8 @@ void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
 }  // namespace
 
 const KernelSet& avx2_kernels() {
-  static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2};
+  static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2,
+                           gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true};
   return k;
 }
 

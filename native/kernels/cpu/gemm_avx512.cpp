@@ -328,7 +328,8 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
 }  // namespace
 
 const KernelSet& avx512_kernels() {
-  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2};
+  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
+                           gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4};
   return k;
 }
 

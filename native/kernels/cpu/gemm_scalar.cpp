@@ -249,7 +249,8 @@ void gemm_scalar(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
 }  // namespace
 
 const KernelSet& scalar_kernels() {
-  static const KernelSet k{"scalar", quantize_act_q8_scalar, gemm_scalar, w4a8_mins_scalar, gemm_w8a8_scalar};
+  static const KernelSet k{"scalar", quantize_act_q8_scalar, gemm_scalar, w4a8_mins_scalar, gemm_w8a8_scalar,
+                           gemm_nvfp4_x4_scalar, WeightLayout::File};
   return k;
 }
 

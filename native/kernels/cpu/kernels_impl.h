@@ -21,9 +21,18 @@ struct KernelSet {
   void (*w4a8_mins)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
   // W8A8: y[m, n] = sum_b d_a[m,b] * scale[n,b] * sum_i q_w * q_a (rows [n0, n1)).
   void (*gemm_w8a8)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+  // NVFP4 in the Nvfp4X4 layout (kernels.h): the same product as gemm() on the file layout.
+  // Null: dispatch falls back to the scalar reader. nvfp4_layout: the layout prepare_weight
+  // repacks NVFP4 weights into for this set (File: no repack).
+  void (*gemm_nvfp4_x4)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0,
+                        int n1) = nullptr;
+  WeightLayout nvfp4_layout = WeightLayout::File;
+  // gemm() adds the W4A8 mins term itself (dispatch then skips w4a8_mins).
+  bool gemm_fuses_mins = false;
 };
 
 const KernelSet& scalar_kernels();
+const KernelSet& active_kernels();  // the set dispatch.cpp routes to now
 #if defined(__x86_64__)
 const KernelSet& avx2_kernels();    // needs avx2 + fma + f16c
 const KernelSet& avx512_kernels();  // needs avx512f + bw + vl + vnni (+ avx2/fma/f16c)
@@ -44,7 +53,15 @@ bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, 
 // W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; shared by the AVX-512 set).
 void w4a8_mins_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// F32 / F16 weights (gemm_dense_avx2.cpp).
+void gemm_dense_avx2(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
+// NVFP4 Nvfp4X4 readers (gemm_repack_avx2.cpp, gemm_repack_avx512.cpp).
+void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+void gemm_nvfp4_x4_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 #endif
+// The scalar Nvfp4X4 reader (gemm_repack.cpp): gemm_nvfp4's float operations in its order, so
+// bit-identical to the scalar kernel on the file layout.
+void gemm_nvfp4_x4_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // The scalar references of the two (gemm_scalar.cpp).
 void w4a8_mins_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_w8a8_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
