@@ -328,8 +328,11 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
 }  // namespace
 
 const KernelSet& avx512_kernels() {
+  // NVFP4 stays in the file layout here (this set's VNNI kernel reads it); a repacked view
+  // (an engine loaded under AVX2) is read by the AVX2 reader. A VNNI reader of the repacked
+  // layout waits for a machine that can validate it (no AVX-512 CPU or emulator here).
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
-                           gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4};
+                           gemm_nvfp4_x4_avx2, WeightLayout::File};
   return k;
 }
 

@@ -55,9 +55,8 @@ void w4a8_mins_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int l
 void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // F32 / F16 weights (gemm_dense_avx2.cpp).
 void gemm_dense_avx2(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
-// NVFP4 Nvfp4X4 readers (gemm_repack_avx2.cpp, gemm_repack_avx512.cpp).
+// The NVFP4 Nvfp4X4 reader (gemm_repack_avx2.cpp; the AVX-512 set uses it too).
 void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
-void gemm_nvfp4_x4_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 #endif
 // The scalar Nvfp4X4 reader (gemm_repack.cpp): gemm_nvfp4's float operations in its order, so
 // bit-identical to the scalar kernel on the file layout.
