@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-
-import orjson
 
 
 @dataclass(frozen=True)
@@ -69,21 +68,28 @@ def split_call(text: str, fmt: CallFormat) -> tuple[str, str | None]:
 
 
 def parse_call(raw: str, fmt: CallFormat) -> ParsedCall:
-    """Parse one call (as returned by split_call). Raises CallParseError saying what is wrong."""
+    """Parse one call (as returned by split_call). Raises CallParseError saying what is wrong.
+
+    The JSON object is read first and the closer looked for after it, so a closer written
+    inside a string argument (e.g. "</tool_call>" in an expression) stays part of the string."""
     body = raw
     if fmt.opener:
         body = body.strip()[len(fmt.opener.strip()):]
-        end = body.find(fmt.closer.strip())
-        if end < 0:
-            raise CallParseError(f"the tool call has no closing {fmt.closer.strip()}")
-        body = body[:end]
+    text = body.lstrip()
     try:
-        obj = orjson.loads(body.strip())
-    except orjson.JSONDecodeError as e:
+        obj, end = _DECODER.raw_decode(text)
+    except json.JSONDecodeError as e:
+        if fmt.opener and fmt.closer.strip() not in text:
+            raise CallParseError(f"the tool call has no closing {fmt.closer.strip()}") from None
         raise CallParseError(f"the tool call is not valid JSON ({e})") from None
+    if fmt.opener and not text[end:].lstrip().startswith(fmt.closer.strip()):
+        raise CallParseError(f"the tool call has no closing {fmt.closer.strip()} after its JSON object")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         raise CallParseError('the tool call must be a JSON object with a string "name"')
     args = obj.get(fmt.args_key, {})
     if not isinstance(args, dict):
         raise CallParseError(f'"{fmt.args_key}" must be a JSON object')
     return ParsedCall(obj["name"], args, raw)
+
+
+_DECODER = json.JSONDecoder()

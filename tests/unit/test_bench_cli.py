@@ -41,10 +41,11 @@ def test_quick_json_has_every_figure_of_ours_and_names_the_missing_peer(root, no
     assert "ratio_to_llama_q4_0_best" not in ours   # no peer, no ratio
     wb = ours["weight_bytes"]
     assert wb["total"] == wb["head"] + wb["layers"] + wb["embed_row"]
-    assert wb["embed_row"] == HIDDEN * 2                          # one f16 row
+    # one embedding row: int8 codes + an f16 scale per 32 (the default 8-bit table), or f16
+    assert wb["embed_row"] in (HIDDEN + HIDDEN // 32 * 2, HIDDEN * 2)
     head_bytes = {"nvfp4": VOCAB * HIDDEN // 2 + VOCAB * HIDDEN // 16 + 4,   # codes + E4M3 scales + tscale
                   "w8a8": VOCAB * HIDDEN + VOCAB * HIDDEN // 32 * 2}           # int8 codes + f16 scales
-    assert wb["head"] == head_bytes[wb["head_kind"]]
+    assert wb["head"] == head_bytes[wb["head_kind"].split(",")[0]]  # "w8a8, tied embedding": one table
     assert out["copy_bandwidth_gb_s"] > 0.1
     assert out["cpu_use"]["self_cores"] > 0.1 and out["cpu_use"]["others_cores"] >= 0.0
     assert out["cpu"]["cores"] == os.cpu_count()
@@ -57,7 +58,7 @@ def test_quick_table_prints_flags_bandwidth_bytes_and_the_missing_peer(root, no_
     assert peer.INSTALL_HINT in text
     assert "flags:" in text and "memory copy bandwidth:" in text
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("kvdeck nvfp4") and "MB" in ln)
-    assert "head 15.9 MB (nvfp4)" in line or "head 30.1 MB (w8a8)" in line
+    assert "head 15.9 MB (nvfp4)" in line or "head 30.1 MB (w8a8" in line
     row = next(ln for ln in text.splitlines() if ln.startswith("kvdeck nvfp4 ["))
     assert len(row.split("]", 1)[1].split()) == 2            # one tok/s cell per figure, no ratios
     assert "prefill 128" in text and "decode@32" in text
