@@ -156,11 +156,15 @@ def _run(eng, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, list[np.ndarr
 
 @pytest.mark.parametrize("weights", ["nvfp4", "w4a8", "f16"])
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
-def test_model_logits_match_cpu(models, weights, kv):
+def test_model_logits_match_cpu(models, weights, kv, monkeypatch):
     """Bound: CUDA may differ from the CPU backend by at most 3x as much as the CPU backend's own
     two kernel paths (its best ISA and the scalar reference) differ from each other on the same
     model (floor 1e-3): a random 30-layer model amplifies last-bit differences (an int8 or NVFP4
-    rounding that flips), so a fixed bound would be either loose or flaky."""
+    rounding that flips), so a fixed bound would be either loose or flaky. The CUDA backend has no
+    attention_fresh yet (a chunk reads its own K/V from the pages, as the default hook does), so
+    the CPU is compared with that switched off (KVDECK_KV_FRESH=0; the H200 run with it on measured
+    1.8e-2 on nvfp4 KV: the CPU's unrounded own rows)."""
+    monkeypatch.setenv("KVDECK_KV_FRESH", "0")
     prompt = RNG.integers(0, 49152, 45).astype(np.int32)  # 45: chunks of 8 and a tail of 5
     cpu = models(weights, kv, "cpu")
     isa = _native.kernels.kernel_isa()
