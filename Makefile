@@ -77,7 +77,7 @@ cross-check: $(VENV)/.deps
 	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
 	  { echo "cross-check: needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt-get install g++-aarch64-linux-gnu qemu-user)"; exit 1; }
 	$(VENV)/bin/cmake -S . -B $(CROSS_BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
-	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DKVDECK_PYTHON=OFF -DKVDECK_TESTS=ON \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DKVDECK_PYTHON=OFF -DKVDECK_TESTS=ON -DKVDECK_CUDA=OFF \
 	  -DCMAKE_BUILD_TYPE=Release >/dev/null
 	$(VENV)/bin/cmake --build $(CROSS_BUILD) -j2
 	$(VENV)/bin/ctest --test-dir $(CROSS_BUILD) --output-on-failure -V
@@ -95,7 +95,7 @@ cross-check: $(VENV)/.deps
 TSAN_BUILD := build/tsan
 tsan-check: $(VENV)/.deps
 	$(VENV)/bin/cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
-	  -DKVDECK_TSAN=ON -DKVDECK_PYTHON=OFF -DKVDECK_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	  -DKVDECK_TSAN=ON -DKVDECK_PYTHON=OFF -DKVDECK_TESTS=ON -DKVDECK_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	$(VENV)/bin/cmake --build $(TSAN_BUILD) -j2 --target thread_stress
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(TSAN_BUILD)/thread_stress 400
 
