@@ -273,8 +273,8 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   const ModelConfig& c = config_;
   const int H = c.hidden, F = c.intermediate, D = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads;
   const int QD = nh * D, KD = nkv * D, B = pool_->block();
-  // With an nvfp4 pool a chunk's queries read the chunk's own tokens from the f32 K/V just
-  // computed (attention_fresh) and the earlier tokens from the quantised pages (issue 14);
+  // With an nvfp4 / nvfp4r / k8v4 pool a chunk's queries read the chunk's own tokens from the
+  // f32 K/V just computed (attention_fresh) and the earlier tokens from the quantised pages;
   // KVDECK_KV_FRESH=0 reads every token from the pages (A/B measurements).
   const char* fresh_env = std::getenv("KVDECK_KV_FRESH");
   const KvDType kvt = pool_->dtype();  // the 4- and 8-bit pools (f16 rounding is negligible)
