@@ -56,22 +56,7 @@ __global__ void ctx_from_pos_kernel(const int32_t* __restrict__ pos, int32_t* __
 // integer operations, so the bytes match the CPU pool's.
 // =====================================================================================
 
-__device__ __forceinline__ uint32_t rne_shift(uint32_t v, uint32_t sh) {
-  return (v + ((1u << (sh - 1)) - 1u) + ((v >> sh) & 1u)) >> sh;
-}
-
-__device__ __forceinline__ uint8_t f32_to_e4m3_dev(float f) {
-  const uint32_t x = __float_as_uint(f);
-  const uint8_t sign = uint8_t((x >> 24) & 0x80u);
-  const uint32_t a = x & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return uint8_t(sign | 0x7Fu);
-  if (a >= 0x43E00000u) return uint8_t(sign | 0x7Eu);
-  if (a >= 0x3C800000u) return uint8_t(sign | (rne_shift(a, 20) - ((127u - 7u) << 3)));
-  const uint32_t e = a >> 23;
-  const uint32_t sh = min(141u - min(e, 120u), 25u);
-  const uint32_t mant = e ? ((a & 0x7FFFFFu) | 0x800000u) : 0u;
-  return uint8_t(sign | rne_shift(mant, sh));
-}
+// f32_to_e4m3_dev: common.cuh
 
 __device__ __forceinline__ float e4m3_to_f32_dev(uint8_t b) {
   const uint32_t sign = uint32_t(b & 0x80u) << 24;

@@ -88,20 +88,6 @@ __global__ void silu_mul_q8_kernel(const float* __restrict__ a, const float* __r
 }
 
 // ---- RoPE of q and k and the KV write, one launch --------------------------------------
-__device__ __forceinline__ uint32_t rne_shift(uint32_t v, uint32_t sh) {
-  return (v + ((1u << (sh - 1)) - 1u) + ((v >> sh) & 1u)) >> sh;
-}
-__device__ __forceinline__ uint8_t to_e4m3(float f) {  // formats.cpp f32_to_e4m3
-  const uint32_t x = __float_as_uint(f);
-  const uint8_t sign = uint8_t((x >> 24) & 0x80u);
-  const uint32_t a = x & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return uint8_t(sign | 0x7Fu);
-  if (a >= 0x43E00000u) return uint8_t(sign | 0x7Eu);
-  if (a >= 0x3C800000u) return uint8_t(sign | (rne_shift(a, 20) - ((127u - 7u) << 3)));
-  const uint32_t e = a >> 23;
-  const uint32_t sh = min(141u - min(e, 120u), 25u);
-  return uint8_t(sign | rne_shift(e ? ((a & 0x7FFFFFu) | 0x800000u) : 0u, sh));
-}
 __device__ __forceinline__ float from_e4m3(uint8_t b) {  // formats.cpp e4m3_to_f32 (finite codes)
   const uint32_t sign = uint32_t(b & 0x80u) << 24, e = (b >> 3) & 0xFu, m = b & 7u;
   if (e != 0) return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
@@ -175,7 +161,7 @@ __global__ void rope_kv_write_kernel(float* __restrict__ q, int ldq, int nh, con
     float amax = 0.0f;
 #pragma unroll
     for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(xb[e]));
-    const uint8_t sc = to_e4m3(__fdiv_rn(amax, 6.0f));
+    const uint8_t sc = f32_to_e4m3_dev(__fdiv_rn(amax, 6.0f));
     const float sd = from_e4m3(sc);
     row[D / 2 + u] = sc;
 #pragma unroll
