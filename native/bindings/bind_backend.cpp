@@ -78,11 +78,11 @@ struct Release {  // frees an op's buffers however it ends
   ~Release() { o.release(); }
 };
 
-// attention_fresh on numpy inputs: q f32 [M, nh*D] at positions p0..p0+M-1; k, v f32 [ctx,
-// nkv, D] (ctx = p0 + M) written into a pool of `kv` pages (block 16) with kv_write; the
-// chunk's own rows (positions >= p0) passed unrounded as k_new / v_new.
-py::array_t<float> attention_fresh_op(BackendOps& o, const Arr<float>& q, const Arr<float>& k, const Arr<float>& v,
-                                      int p0, const std::string& kv) {
+// attention / attention_fresh on numpy inputs: q f32 [M, nh*D] at positions p0..p0+M-1; k, v
+// f32 [ctx, nkv, D] (ctx = p0 + M) written into a pool of `kv` pages (block 16) with kv_write;
+// with `fresh` the chunk's own rows (positions >= p0) are passed unrounded as k_new / v_new.
+py::array_t<float> attention_op(BackendOps& o, const Arr<float>& q, const Arr<float>& k, const Arr<float>& v, int p0,
+                                const std::string& kv, bool fresh) {
   Release r{o};
   require(q.ndim() == 2 && k.ndim() == 3 && v.ndim() == 3, "q [M, nh*D], k, v [ctx, nkv, D]");
   const int M = int(q.shape(0)), ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2));
@@ -100,8 +100,11 @@ py::array_t<float> attention_fresh_op(BackendOps& o, const Arr<float>& q, const 
   float *kd = o.put(k), *vd = o.put(v);
   o.be().kv_write(pool, 0, kd, vd, nkv * D, dev_i32(slots), ctx);
   float* out = o.scratch(size_t(M) * nh * D);
-  o.be().attention_fresh(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D,
-                         kd + size_t(p0) * nkv * D, vd + size_t(p0) * nkv * D, nkv * D, out);
+  if (fresh)
+    o.be().attention_fresh(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D,
+                           kd + size_t(p0) * nkv * D, vd + size_t(p0) * nkv * D, nkv * D, out);
+  else
+    o.be().attention(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D, out);
   return o.get(out, {M, py::ssize_t(nh) * D});
 }
 
@@ -111,7 +114,10 @@ void bind_backend(py::module_& m) {
   py::class_<BackendOps>(m, "BackendOps", "One backend's ops on numpy arrays (tests).")
       .def(py::init<const std::string&, int>(), py::arg("name") = "cpu", py::arg("threads") = 0)
       .def_property_readonly("name", &BackendOps::name)
-      .def("attention_fresh", &attention_fresh_op, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"),
+      .def("attention_fresh",
+           [](BackendOps& o, const Arr<float>& q, const Arr<float>& k, const Arr<float>& v, int p0,
+              const std::string& kv) { return attention_op(o, q, k, v, p0, kv, true); },
+           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"),
            py::arg("kv") = "f32", "attention() with the chunk's own rows unrounded (Backend::attention_fresh)")
       .def(
           "attention_timing",
@@ -275,29 +281,10 @@ void bind_backend(py::module_& m) {
           py::arg("w"), py::arg("x"), py::arg("quantised_input") = false)
       .def(
           "attention",
+          // q f32 [M, nh*D] at positions p0..p0+M-1; k, v f32 [ctx, nkv, D] with ctx = p0+M,
+          // written into a pool of `kv` pages (block 16) with kv_write, then attention.
           [](BackendOps& o, const Arr<float>& q, const Arr<float>& k, const Arr<float>& v, int p0,
-             const std::string& kv) {
-            // q f32 [M, nh*D] at positions p0..p0+M-1; k, v f32 [ctx, nkv, D] with ctx = p0+M,
-            // written into a pool of `kv` pages (block 16) with kv_write, then attention.
-            Release r{o};
-            require(q.ndim() == 2 && k.ndim() == 3 && v.ndim() == 3, "q [M, nh*D], k, v [ctx, nkv, D]");
-            const int M = int(q.shape(0)), ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2));
-            require(ctx == p0 + M && v.shape(0) == ctx && q.shape(1) % D == 0, "ctx must be p0 + M");
-            const int nh = int(q.shape(1)) / D, B = 16, n_pages = (ctx + B - 1) / B;
-            const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
-            KvPool pool(o.be(), 1, nkv, D, B, n_pages, dt);
-            std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
-            for (int i = 0; i < n_pages; ++i) pages[i] = pool.alloc_page();
-            for (int t = 0; t < ctx; ++t) slots[t] = pages[t / B] * B + t % B;
-            for (int i = 0; i < M; ++i) pos[i] = p0 + i;
-            auto dev_i32 = [&](const std::vector<int32_t>& h) {
-              return o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(h.size()), h.data())));
-            };
-            o.be().kv_write(pool, 0, o.put(k), o.put(v), nkv * D, dev_i32(slots), ctx);
-            float* out = o.scratch(size_t(M) * nh * D);
-            o.be().attention(pool, 0, o.put(q), nh * D, M, dev_i32(pos), dev_i32(pages), nh, nkv, D, out);
-            return o.get(out, {M, py::ssize_t(nh) * D});
-          },
+             const std::string& kv) { return attention_op(o, q, k, v, p0, kv, false); },
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("p0"), py::arg("kv") = "f32")
       .def(
           "matmul_q",
