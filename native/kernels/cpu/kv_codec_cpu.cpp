@@ -29,17 +29,16 @@ const PairTable& table() {
   static const PairTable t;
   return t;
 }
-}  // namespace
 
-void kv_nvfp4_encode_row(const float* x, int D, uint8_t* row) {
-  uint8_t* codes = row;          // [D/2]
-  uint8_t* scales = row + D / 2; // [D/16]
+// E2M1 codes and E4M3 scales of D values in 16-blocks under a second-level scale g (1 for
+// nvfp4): s_b = e4m3(amax_b / (6 g)), code = e2m1(x / (e4m3(s_b) g)); g = 0 (a zero row) -> 0.
+void encode_blocks(const float* x, int D, float g, uint8_t* codes, uint8_t* scales) {
   for (int b = 0; b < D / 16; ++b) {
     const float* xb = x + b * 16;
     float amax = 0.f;
     for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const uint8_t s = f32_to_e4m3(amax / 6.0f);
-    const float sd = e4m3_to_f32(s);
+    const uint8_t s = g > 0.f ? f32_to_e4m3(amax / (6.0f * g)) : 0;
+    const float sd = e4m3_to_f32(s) * g;
     scales[b] = s;
     for (int i = 0; i < 16; i += 2) {
       const uint8_t lo = sd > 0.f ? f32_to_e2m1(xb[i] / sd) : 0;
@@ -47,6 +46,12 @@ void kv_nvfp4_encode_row(const float* x, int D, uint8_t* row) {
       codes[(b * 16 + i) / 2] = uint8_t(lo | (hi << 4));
     }
   }
+}
+}  // namespace
+
+
+void kv_nvfp4_encode_row(const float* x, int D, uint8_t* row) {
+  encode_blocks(x, D, 1.0f, row, row + D / 2);  // codes [D/2], scales [D/16]
 }
 
 void kv_nvfp4_decode_row(const uint8_t* row, int D, float* x) {
@@ -85,24 +90,9 @@ inline uint16_t get_u16(const uint8_t* p) {
 }  // namespace
 
 void kv_nvfp4r_encode_row(const float* x, int D, uint8_t* row) {
-  uint8_t* codes = row;           // [D/2]
-  uint8_t* scales = row + D / 2;  // [D/16]
   const uint16_t gh = row_scale_f16(x, D, 6.0f * 448.0f);
   put_u16(row + D / 2 + D / 16, gh);
-  const float g = f16_to_f32(gh);
-  for (int b = 0; b < D / 16; ++b) {
-    const float* xb = x + b * 16;
-    float amax = 0.f;
-    for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const uint8_t s = g > 0.f ? f32_to_e4m3(amax / (6.0f * g)) : 0;
-    const float sd = e4m3_to_f32(s) * g;
-    scales[b] = s;
-    for (int i = 0; i < 16; i += 2) {
-      const uint8_t lo = sd > 0.f ? f32_to_e2m1(xb[i] / sd) : 0;
-      const uint8_t hi = sd > 0.f ? f32_to_e2m1(xb[i + 1] / sd) : 0;
-      codes[(b * 16 + i) / 2] = uint8_t(lo | (hi << 4));
-    }
-  }
+  encode_blocks(x, D, f16_to_f32(gh), row, row + D / 2);  // codes [D/2], scales [D/16]
 }
 
 void kv_nvfp4r_decode_row(const uint8_t* row, int D, float* x) {
