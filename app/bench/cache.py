@@ -27,7 +27,6 @@ import sys
 import time
 
 import numpy as np
-import orjson
 
 SYSTEM, TOOLS, FIRST_USER, PER_CALL = 800, 2000, 400, 500
 
@@ -169,6 +168,8 @@ def run(argv: list[str]) -> int:
                          "pre-warm; first --calls and --kv entries; --gen defaults to 64 here)")
     ap.add_argument("--reps", type=int, default=2, help="A/B repetitions (alternating; fastest reported)")
     args = ap.parse_args(argv)
+    import orjson  # here, not at the top: run_task is also used where orjson is absent (bench gpu)
+
     if args.reps < 1 or args.gen < 1:
         ap.error("--reps and --gen must be >= 1")
     if args.ab:

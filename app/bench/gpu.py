@@ -1,4 +1,4 @@
-"""`kvdeck bench gpu [--json FILE] [--kernels] [--no-8b] [--reps R]`: the engine on a CUDA GPU.
+"""`kvdeck bench gpu [--json FILE] [--kernels] [--no-8b] [--no-seed] [--reps R]`: the engine on a CUDA GPU.
 
 Through the real engine (app.engine._native.Engine on the "cuda" backend), random-weight models
 in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes and formats):
@@ -10,6 +10,8 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
   * Llama-3-8B-shaped (nvfp4 layers and head, nvfp4 KV): decode µs/token after 16 and 4096
     tokens and prefill tok/s of 512 tokens, against the roofline (weight bytes + KV bytes read
     per token over the device copy bandwidth measured in the same run).
+  * The seed-000 task (app/bench/gpu_seed.py): TTFT per call with the prefix cache on and off,
+    on the CUDA and the CPU backend (--no-seed skips it).
   * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
     batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu).
   * --kernels: native/kernels/cuda/bench/run_bench.py (GEMV vs torch FP16 on the 8B shapes,
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.bench import gpu_model
+from app.bench import gpu_model, gpu_seed
 from app.engine import _native
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,6 +196,7 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     ap.add_argument("--kernels", action="store_true", help="also the kernel-level run_bench.py")
     ap.add_argument("--no-8b", action="store_true", help="skip the Llama-3-8B-shaped model")
+    ap.add_argument("--no-seed", action="store_true", help="skip the seed-000 task (cache on / off)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     if "cuda" not in _native.backends():
@@ -205,6 +208,8 @@ def run(argv: list[str]) -> int:
     out["copy_gbs"] = gbs
     print(f"device: {out['device']}; copy {gbs or 0:.0f} GB/s (read + write)", flush=True)
     smollm2(args.reps, out)
+    if not args.no_seed:
+        gpu_seed.seed000(out)
     if not args.no_8b:
         llama8b(args.reps, gbs, out)
     if args.kernels:
