@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [tests] [bench] [8b] [profile] [kernels]
+#   device_session.sh OUT [gemm] [tests] [bench] [8b] [profile] [kernels] [real]
+# real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
+#       and the seed-000 task via `kvdeck check-prefix --device cuda` (wheels carried in .whl/).
 # Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
 set -uo pipefail
 out=$1; shift
@@ -36,6 +38,16 @@ for step in "$@"; do
     profile)
       for m in "smollm2-135m" "llama3-8b 8"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
+      done ;;
+    real)
+      if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+          && export PYTHONPATH=/tmp/site
+      fi
+      timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_real_model.py 2>&1 | tee "$out/real.log" | tail -20
+      for dev in cuda cpu; do
+        timeout 300 python3 -m app check-prefix --task assets/tasks/seed000.toml --weights nvfp4 --kv f16 \
+          --device $dev --db /tmp/seed-$dev.db 2>&1 | tee "$out/check_prefix_$dev.log" | tail -25
       done ;;
     kernels)
       timeout 500 python3 native/kernels/cuda/bench/run_bench.py --json "$out/kernels.json" 2>&1 \
