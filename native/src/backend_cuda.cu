@@ -3,13 +3,10 @@
 // Every op enqueues on the backend's stream and returns (download and sync wait). Shapes a
 // kernel does not support are refused with std::invalid_argument naming the op, before
 // anything is enqueued; CUDA errors raise std::runtime_error with CUDA's message.
-// Fusion: a small model's decode step is bound by kernel count, so rmsnorm, add, silu_mul and
-// rope are deferred one op and fused with the op that consumes them (add + rmsnorm +
-// quantize_input: one kernel; silu_mul + quantize_input; rope q + rope k + kv_write, which also
-// writes the decode context length): every other entry point launches what is pending first.
-// Decode steps (M = 1) run as a CUDA graph: the engine brackets a step with step_begin /
-// step_end; the second step of a kind is captured and every later one replays it (positions,
-// KV slots and the page table are read from device memory, so one graph serves every step).
+// Fusion and graphs: rmsnorm, add, silu_mul and rope are deferred one op and fused with the
+// op that consumes them, and decode steps (M = 1) run as a CUDA graph (positions, KV slots and
+// the page table are read from device memory, so one graph serves every step); the state and
+// its mechanics are in backend_cuda_state.h / .cu.
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
 // instead of the tensor-core GEMM (all for A/B measurements).
@@ -17,57 +14,21 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
+#include "backend_cuda_state.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kvdeck/backend.h"
 
 namespace kvdeck {
 namespace {
 
-bool env_on(const char* name, bool dflt) {
-  const char* s = std::getenv(name);
-  return s && *s ? std::string(s) != "0" : dflt;
-}
-
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, private cuda_backend::CudaState {
  public:
-  CudaBackend() {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0)
-      throw std::runtime_error(std::string("no CUDA device: ") +
-                               (e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
-    check(cudaSetDevice(0), "cudaSetDevice");
-    cudaDeviceProp p{};
-    check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
-    sms_ = p.multiProcessorCount;
-    check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
-    void* h = nullptr;
-    if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
-  }
-  ~CudaBackend() override {
-    if (capturing_) {
-      cudaGraph_t g = nullptr;
-      cudaStreamEndCapture(st_, &g);
-      if (g) cudaGraphDestroy(g);
-    }
-    for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
-    cudaStreamSynchronize(st_);
-    if (ws_) cudaFree(ws_);
-    cudaFree(ctx_);
-    if (stage_) cudaFreeHost(stage_);
-    cudaStreamDestroy(st_);
-  }
-
   std::string name() const override { return "cuda"; }
   int threads() const override { return sms_; }  // the multiprocessors the kernels spread over
 
@@ -296,142 +257,8 @@ class CudaBackend final : public Backend {
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------
-  bool step_begin(uint64_t key) override {
-    flush();
-    if (!graphs_on_) return false;
-    auto it = graphs_.find(key);
-    if (it != graphs_.end()) {
-      check(cudaGraphLaunch(it->second, st_), "cudaGraphLaunch");
-      return true;
-    }
-    if (seen_.insert(key).second) return false;  // the first step of a kind runs eagerly (allocations)
-    check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    capturing_ = true;
-    return false;
-  }
-  void step_end(uint64_t key, bool ok) override {
-    if (ok) flush();
-    if (!capturing_) return;
-    capturing_ = false;
-    cudaGraph_t g = nullptr;
-    const cudaError_t e = cudaStreamEndCapture(st_, &g);
-    if (!ok) {  // the step threw: drop the recording (its ops never ran)
-      if (g) cudaGraphDestroy(g);
-      seen_.erase(key);
-      return;
-    }
-    check(e, "cudaStreamEndCapture");
-    cudaGraphExec_t ex = nullptr;
-    const cudaError_t ie = cudaGraphInstantiate(&ex, g, 0);
-    cudaGraphDestroy(g);
-    check(ie, "cudaGraphInstantiate");
-    graphs_[key] = ex;
-    check(cudaGraphLaunch(ex, st_), "cudaGraphLaunch");  // the captured ops have not run yet
-  }
-
- private:
-  // ---- deferred ops (see the top of the file) ----
-  struct Add {
-    float* x = nullptr;
-    const float* y = nullptr;
-    size_t n = 0;
-  };
-  struct Norm {
-    float* x = nullptr;
-    const float* y = nullptr;  // a folded add, or null
-    const float* w = nullptr;
-    int M = 0, n = 0;
-    float eps = 0;
-    float* h = nullptr;
-  };
-  struct Silu {
-    const float *a = nullptr, *b = nullptr;
-    int M = 0, n = 0;
-    float* y = nullptr;
-  };
-  struct Rope {
-    float* x = nullptr;
-    int M = 0, nh = 0, D = 0, ld = 0;
-    const int32_t* pos = nullptr;
-    const float* inv = nullptr;
-  };
-  void flush() {
-    if (p_add_.n) {
-      const Add a = p_add_;
-      p_add_ = {};
-      check(cuda::add_inplace(a.x, a.y, a.n, st_), "add");
-    }
-    if (p_norm_.M) {
-      const Norm n = p_norm_;
-      p_norm_ = {};
-      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, n.M, n.n, n.eps, n.h, 0, nullptr, nullptr, nullptr, st_), "rmsnorm");
-    }
-    if (p_silu_.M) {
-      const Silu u = p_silu_;
-      p_silu_ = {};
-      check(cuda::silu_mul(u.a, u.b, u.M, u.n, u.n, u.y, st_), "silu_mul");
-    }
-    if (!p_rope_.empty()) {
-      const std::vector<Rope> r = p_rope_;
-      p_rope_.clear();
-      for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
-    }
-  }
-
-  // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
-  float* workspace(size_t floats) {
-    if (floats > ws_floats_) {
-      no_capture("attention workspace");
-      check(cudaStreamSynchronize(st_), "stream");
-      if (ws_) check(cudaFree(ws_), "cudaFree");
-      ws_ = nullptr;
-      check(cudaMalloc(&ws_, floats * sizeof(float)), "cudaMalloc");
-      ws_floats_ = floats;
-    }
-    return ws_;
-  }
-
-  void check(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return;
-    abort_capture();
-    throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-  }
-  [[noreturn]] void bad(const std::string& msg) {
-    abort_capture();
-    throw std::invalid_argument("cuda backend: " + msg);
-  }
-  void no_capture(const char* what) {
-    if (capturing_) bad(std::string(what) + " inside a captured decode step");
-  }
-  void abort_capture() {
-    p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
-    if (!capturing_) return;
-    capturing_ = false;
-    cudaGraph_t g = nullptr;
-    cudaStreamEndCapture(st_, &g);
-    if (g) cudaGraphDestroy(g);
-    seen_.clear();
-  }
-
-  cudaStream_t st_ = nullptr;
-  int sms_ = 0;
-  bool pdl_ = env_on("KVDECK_CUDA_PDL", true);
-  bool graphs_on_ = env_on("KVDECK_CUDA_GRAPH", true);
-  bool mma_ = env_on("KVDECK_CUDA_MMA", true);  // prefill GEMM on the tensor cores
-  bool capturing_ = false;
-  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
-  std::unordered_set<uint64_t> seen_;
-  int32_t* ctx_ = nullptr;   // device: the decode step's context length
-  float* ws_ = nullptr;      // device: split-attention partials
-  static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
-  uint8_t* stage_ = nullptr;
-  size_t stage_used_ = 0;
-  const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
-  Add p_add_;
-  Norm p_norm_;
-  Silu p_silu_;
-  std::vector<Rope> p_rope_;
-  size_t ws_floats_ = 0;
+  bool step_begin(uint64_t key) override { return graph_begin(key); }
+  void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }
 };
 
 }  // namespace

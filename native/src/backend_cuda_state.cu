@@ -1,0 +1,153 @@
+// The CUDA backend's shared state: device setup, the flush of deferred ops, the attention
+// workspace, decode-step graph capture / replay, and the error helpers (backend_cuda_state.h).
+#include "backend_cuda_state.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace kvdeck::cuda_backend {
+
+bool env_on(const char* name, bool dflt) {
+  const char* s = std::getenv(name);
+  return s && *s ? std::string(s) != "0" : dflt;
+}
+
+// =====================================================================================
+// Device, stream, staging
+// =====================================================================================
+CudaState::CudaState() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0)
+    throw std::runtime_error(std::string("no CUDA device: ") +
+                             (e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
+  check(cudaSetDevice(0), "cudaSetDevice");
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  sms_ = p.multiProcessorCount;
+  check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
+  void* h = nullptr;
+  if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
+}
+
+CudaState::~CudaState() {
+  if (capturing_) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st_, &g);
+    if (g) cudaGraphDestroy(g);
+  }
+  for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
+  cudaStreamSynchronize(st_);
+  if (ws_) cudaFree(ws_);
+  cudaFree(ctx_);
+  if (stage_) cudaFreeHost(stage_);
+  cudaStreamDestroy(st_);
+}
+
+// =====================================================================================
+// Deferred ops and the workspace
+// =====================================================================================
+void CudaState::flush() {
+  if (p_add_.n) {
+    const Add a = p_add_;
+    p_add_ = {};
+    check(cuda::add_inplace(a.x, a.y, a.n, st_), "add");
+  }
+  if (p_norm_.M) {
+    const Norm n = p_norm_;
+    p_norm_ = {};
+    check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, n.M, n.n, n.eps, n.h, 0, nullptr, nullptr, nullptr, st_), "rmsnorm");
+  }
+  if (p_silu_.M) {
+    const Silu u = p_silu_;
+    p_silu_ = {};
+    check(cuda::silu_mul(u.a, u.b, u.M, u.n, u.n, u.y, st_), "silu_mul");
+  }
+  if (!p_rope_.empty()) {
+    const std::vector<Rope> r = p_rope_;
+    p_rope_.clear();
+    for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
+  }
+}
+
+float* CudaState::workspace(size_t floats) {
+  if (floats > ws_floats_) {
+    no_capture("attention workspace");
+    check(cudaStreamSynchronize(st_), "stream");
+    if (ws_) check(cudaFree(ws_), "cudaFree");
+    ws_ = nullptr;
+    check(cudaMalloc(&ws_, floats * sizeof(float)), "cudaMalloc");
+    ws_floats_ = floats;
+  }
+  return ws_;
+}
+
+// =====================================================================================
+// Decode steps as CUDA graphs
+// =====================================================================================
+bool CudaState::graph_begin(uint64_t key) {
+  flush();
+  if (!graphs_on_) return false;
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) {
+    check(cudaGraphLaunch(it->second, st_), "cudaGraphLaunch");
+    return true;
+  }
+  if (seen_.insert(key).second) return false;  // the first step of a kind runs eagerly (allocations)
+  check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  capturing_ = true;
+  return false;
+}
+
+void CudaState::graph_end(uint64_t key, bool ok) {
+  if (ok) flush();
+  if (!capturing_) return;
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(st_, &g);
+  if (!ok) {  // the step threw: drop the recording (its ops never ran)
+    if (g) cudaGraphDestroy(g);
+    seen_.erase(key);
+    return;
+  }
+  check(e, "cudaStreamEndCapture");
+  cudaGraphExec_t ex = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&ex, g, 0);
+  cudaGraphDestroy(g);
+  check(ie, "cudaGraphInstantiate");
+  graphs_[key] = ex;
+  check(cudaGraphLaunch(ex, st_), "cudaGraphLaunch");  // the captured ops have not run yet
+}
+
+// =====================================================================================
+// Errors
+// =====================================================================================
+void CudaState::check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  abort_capture();
+  throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+void CudaState::bad(const std::string& msg) {
+  abort_capture();
+  throw std::invalid_argument("cuda backend: " + msg);
+}
+
+void CudaState::no_capture(const char* what) {
+  if (capturing_) bad(std::string(what) + " inside a captured decode step");
+}
+
+void CudaState::abort_capture() {
+  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  if (!capturing_) return;
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(st_, &g);
+  if (g) cudaGraphDestroy(g);
+  seen_.clear();
+}
+
+}  // namespace kvdeck::cuda_backend

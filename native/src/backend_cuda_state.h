@@ -1,0 +1,94 @@
+// The CUDA backend's state (backend_cuda.cu holds the Backend overrides; this is what they
+// share): the stream, the pinned upload staging, the deferred ops that fuse with their
+// consumer and their flush, the attention workspace, the decode-step CUDA graphs, and the
+// error helpers. Implemented in backend_cuda_state.cu.
+//
+// Deferred ops: a small model's decode step is bound by kernel count, so rmsnorm, add, silu_mul
+// and rope are held one op and fused with the op that consumes them (add + rmsnorm +
+// quantize_input: one kernel; silu_mul + quantize_input; rope q + rope k + kv_write); every
+// other entry point calls flush() first, which launches what is pending on its own.
+// Graphs: the engine brackets a decode step with step_begin / step_end; the first step of a
+// kind runs eagerly (workspaces are allocated), the second is captured, later ones replay.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace kvdeck::cuda_backend {
+
+bool env_on(const char* name, bool dflt);
+
+class CudaState {
+ protected:
+  CudaState();  // throws std::runtime_error("no CUDA device: ...") without a usable device
+  ~CudaState();
+  CudaState(const CudaState&) = delete;
+  CudaState& operator=(const CudaState&) = delete;
+
+  // ---- deferred ops ----
+  struct Add {
+    float* x = nullptr;
+    const float* y = nullptr;
+    size_t n = 0;
+  };
+  struct Norm {
+    float* x = nullptr;
+    const float* y = nullptr;  // a folded add, or null
+    const float* w = nullptr;
+    int M = 0, n = 0;
+    float eps = 0;
+    float* h = nullptr;
+  };
+  struct Silu {
+    const float *a = nullptr, *b = nullptr;
+    int M = 0, n = 0;
+    float* y = nullptr;
+  };
+  struct Rope {
+    float* x = nullptr;
+    int M = 0, nh = 0, D = 0, ld = 0;
+    const int32_t* pos = nullptr;
+    const float* inv = nullptr;
+  };
+  void flush();  // launches every pending op on its own
+
+  // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
+  float* workspace(size_t floats);
+
+  // ---- decode-step graphs (Backend::step_begin / step_end) ----
+  bool graph_begin(uint64_t key);
+  void graph_end(uint64_t key, bool ok);
+
+  // ---- errors: both drop pending ops and end a capture in progress before throwing ----
+  void check(cudaError_t e, const char* what);
+  [[noreturn]] void bad(const std::string& msg);
+  void no_capture(const char* what);
+  void abort_capture();
+
+  cudaStream_t st_ = nullptr;
+  int sms_ = 0;
+  bool pdl_ = env_on("KVDECK_CUDA_PDL", true);
+  bool graphs_on_ = env_on("KVDECK_CUDA_GRAPH", true);
+  bool mma_ = env_on("KVDECK_CUDA_MMA", true);  // prefill GEMM on the tensor cores
+  bool capturing_ = false;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  std::unordered_set<uint64_t> seen_;
+  int32_t* ctx_ = nullptr;   // device: the decode step's context length
+  float* ws_ = nullptr;      // device: split-attention partials
+  size_t ws_floats_ = 0;
+  static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
+  uint8_t* stage_ = nullptr;
+  size_t stage_used_ = 0;
+  const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
+  Add p_add_;
+  Norm p_norm_;
+  Silu p_silu_;
+  std::vector<Rope> p_rope_;
+};
+
+}  // namespace kvdeck::cuda_backend

@@ -1,0 +1,186 @@
+// kernel_check_attention.cpp — row ops (rmsnorm, silu_mul), the NVFP4 KV row codec against the
+// spec, and attention over f32 / f16 / nvfp4 pages (decode, prefill tiles, fresh rows) against
+// float64 (part of kernel_check).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernel_check.h"
+#include "kvdeck/formats.h"
+#include "kvdeck/kernels.h"
+#include "kvdeck/ops_cpu.h"
+
+using namespace kvdeck;
+
+namespace kc {
+
+// ============================================================================
+// Row ops, NVFP4 KV rows and attention (portable paths)
+// ============================================================================
+void check_rows() {
+  const int n = 96;
+  std::vector<float> x(n), w(n), y(n), b(n);
+  for (int i = 0; i < n; ++i) x[i] = rand_normal(), w[i] = rand_normal(), b[i] = rand_normal();
+  cpu::rmsnorm_row(x.data(), w.data(), n, 1e-5f, y.data());
+  double ss = 0.0, worst = 0.0;
+  for (float v : x) ss += double(v) * v;
+  for (int i = 0; i < n; ++i)
+    worst = std::max(worst, std::fabs(y[i] - x[i] / std::sqrt(ss / n + 1e-5) * w[i]) / (std::fabs(w[i]) + 1e-3));
+  check(worst < 1e-5, "rmsnorm_row: error " + std::to_string(worst));
+  cpu::silu_mul_row(x.data(), b.data(), n, y.data());
+  worst = 0.0;
+  for (int i = 0; i < n; ++i)
+    worst = std::max(worst, std::fabs(y[i] - x[i] / (1.0 + std::exp(-double(x[i]))) * b[i]) / (std::fabs(b[i]) + 1e-3));
+  check(worst < 1e-5, "silu_mul_row: error " + std::to_string(worst));
+
+  // NVFP4 KV rows: the encoder's bytes against the spec written with the scalar codecs.
+  const int D = 64;
+  std::vector<uint8_t> row(D / 2 + D / 16), ref(D / 2 + D / 16, 0);
+  std::vector<float> back(D);
+  int bad = 0;
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<float> kx(D);
+    for (auto& v : kx) v = rand_normal() * (rep % 5 == 0 ? 0.0f : 1.0f + rep);
+    cpu::kv_nvfp4_encode_row(kx.data(), D, row.data());
+    cpu::kv_nvfp4_decode_row(row.data(), D, back.data());
+    std::fill(ref.begin(), ref.end(), 0);
+    for (int blk = 0; blk < D / 16; ++blk) {
+      float amax = 0.0f;
+      for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(kx[blk * 16 + i]));
+      const uint8_t sc = f32_to_e4m3(amax / 6.0f);
+      const float sd = e4m3_to_f32(sc);
+      ref[D / 2 + blk] = sc;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t code = sd > 0.0f ? f32_to_e2m1(kx[blk * 16 + i] / sd) : 0;
+        ref[(blk * 16 + i) / 2] |= uint8_t(code << (4 * (i & 1)));
+        bad += bits(back[blk * 16 + i]) != bits(float(ref_e2m1(code) * sd));
+      }
+    }
+    bad += std::memcmp(row.data(), ref.data(), row.size()) != 0;
+  }
+  check(bad == 0, "kv_nvfp4 rows: " + std::to_string(bad) + " bytes or values differ from the spec");
+}
+
+// f16 and nvfp4 pages, prefill tiles and fresh rows: the dispatched kernels against float64
+// on the values the pages hold, and a prefill tile bit for bit equal to decode steps.
+namespace {
+void check_attention_paths() {
+  const int block = 16, nkv = 2, D = 64, G = 3, ctx = 300, n_pages = (ctx + block - 1) / block, M = 20;
+  const int p0 = ctx - M;
+  const float scale = 1.0f / std::sqrt(float(D));
+  for (KvDType dt : {KvDType::F16, KvDType::NVFP4}) {
+    const size_t rb = kv_row_bytes(dt, D), rows = size_t(n_pages) * block * nkv;
+    std::vector<uint8_t> k(rows * rb), v(rows * rb);
+    std::vector<float> kf(rows * D), vf(rows * D), kd(rows * D), vd(rows * D);  // f32 rows, stored values
+    for (size_t r = 0; r < rows; ++r)
+      for (int pass = 0; pass < 2; ++pass) {
+        float* x = (pass ? vf : kf).data() + r * D;
+        float* back = (pass ? vd : kd).data() + r * D;
+        uint8_t* row = (pass ? v : k).data() + r * rb;
+        for (int i = 0; i < D; ++i) x[i] = rand_normal();
+        if (dt == KvDType::F16) {
+          cpu::f32_to_f16_row(x, reinterpret_cast<uint16_t*>(row), D);
+          cpu::f16_to_f32_row(reinterpret_cast<const uint16_t*>(row), back, D);
+        } else {
+          cpu::kv_nvfp4_encode_row(x, D, row);
+          cpu::kv_nvfp4_decode_row(row, D, back);
+        }
+      }
+    std::vector<int32_t> pages(n_pages);
+    for (int p = 0; p < n_pages; ++p) pages[p] = (p * 7) % n_pages;  // n_pages = 19: a permutation
+    std::vector<float> q(size_t(M) * nkv * G * D), fk(size_t(M) * nkv * D), fv(fk.size());
+    for (auto& e : q) e = rand_normal();
+    auto slot = [&](int t, int g) { return (size_t(pages[t / block]) * block + t % block) * nkv + g; };
+    for (int t = p0; t < ctx; ++t)  // the chunk's f32 rows (attention_fresh)
+      for (int g = 0; g < nkv; ++g) {
+        std::memcpy(&fk[(size_t(t - p0) * nkv + g) * D], &kf[slot(t, g) * D], sizeof(float) * D);
+        std::memcpy(&fv[(size_t(t - p0) * nkv + g) * D], &vf[slot(t, g) * D], sizeof(float) * D);
+      }
+    const char* name = dt == KvDType::F16 ? "f16" : "nvfp4";
+    for (bool fresh : {false, true}) {
+      cpu::KvView kv{k.data(), v.data(), dt, block, nkv, D, pages.data()};
+      if (fresh) kv.fresh_k = fk.data(), kv.fresh_v = fv.data(), kv.fresh0 = p0, kv.fresh_ld = size_t(nkv) * D;
+      const size_t ld = size_t(nkv) * G * D;
+      std::vector<float> tile_out(size_t(M) * ld), step(size_t(G) * D);
+      std::vector<float> work(cpu::attention_queries_work_floats(M, G, ctx, block, D));
+      double worst = 0.0;
+      int differ = 0;
+      for (int g = 0; g < nkv; ++g) {
+        cpu::attention_queries(kv, g, q.data(), ld, G, 0, M, p0, scale, tile_out.data(), ld, work.data());
+        for (int i = 0; i < M; ++i) {
+          const int c = p0 + i + 1;
+          std::vector<float> w1(cpu::attention_work_floats(G, c, block, D));
+          cpu::attention_query(kv, g, q.data() + i * ld + size_t(g) * G * D, G, c, scale, step.data(), w1.data());
+          differ += std::memcmp(step.data(), tile_out.data() + i * ld + size_t(g) * G * D, sizeof(float) * G * D) != 0;
+          for (int h = 0; h < G; ++h) {  // float64 over the stored (or fresh f32) values
+            const float* qh = q.data() + i * ld + (size_t(g) * G + h) * D;
+            auto key = [&](int t) { return (fresh && t >= p0 ? kf : kd).data() + slot(t, g) * D; };
+            auto val = [&](int t) { return (fresh && t >= p0 ? vf : vd).data() + slot(t, g) * D; };
+            std::vector<double> sc(c);
+            double mx = -1e300, sum = 0.0;
+            for (int t = 0; t < c; ++t) {
+              double dot = 0.0;
+              for (int j = 0; j < D; ++j) dot += double(qh[j]) * key(t)[j];
+              mx = std::max(mx, sc[t] = dot * scale);
+            }
+            for (int t = 0; t < c; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+            for (int j = 0; j < D; ++j) {
+              double o = 0.0;
+              for (int t = 0; t < c; ++t) o += sc[t] / sum * val(t)[j];
+              worst = std::max(worst, std::fabs(o - step[size_t(h) * D + j]));
+            }
+          }
+        }
+      }
+      const std::string what = std::string("attention ") + name + (fresh ? " + fresh rows" : "");
+      check(differ == 0, what + ": " + std::to_string(differ) + " prefill queries differ from decode");
+      check(worst < 1e-4, what + ": error vs float64 " + std::to_string(worst));
+    }
+  }
+}
+}  // namespace
+
+void check_attention() {
+  const int block = 16, nkv = 2, D = 64, G = 2, ctx = 300, n_pages = (ctx + block - 1) / block;
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<float> k(size_t(n_pages) * block * nkv * D), v(k.size()), q(size_t(G) * D), out(size_t(G) * D);
+  for (auto& e : k) e = rand_normal();
+  for (auto& e : v) e = rand_normal();
+  for (auto& e : q) e = rand_normal();
+  std::vector<int32_t> pages(n_pages);
+  for (int p = 0; p < n_pages; ++p) pages[p] = n_pages - 1 - p;  // a scrambled page table
+  cpu::KvView kv{k.data(), v.data(), KvDType::F32, block, nkv, D, pages.data()};
+  std::vector<float> work(cpu::attention_work_floats(G, ctx, block, D));
+  const int g = 1;
+  cpu::attention_query(kv, g, q.data(), G, ctx, scale, out.data(), work.data());
+  double worst = 0.0;
+  for (int h = 0; h < G; ++h) {
+    std::vector<double> sc(ctx);
+    double mx = -1e300, sum = 0.0;
+    auto at = [&](const std::vector<float>& t, int tok, int i) {
+      return double(t[((size_t(pages[tok / block]) * block + tok % block) * nkv + g) * D + i]);
+    };
+    for (int t = 0; t < ctx; ++t) {
+      double dot = 0.0;
+      for (int i = 0; i < D; ++i) dot += double(q[size_t(h) * D + i]) * at(k, t, i);
+      sc[t] = dot * scale;
+      mx = std::max(mx, sc[t]);
+    }
+    for (int t = 0; t < ctx; ++t) sum += sc[t] = std::exp(sc[t] - mx);
+    for (int i = 0; i < D; ++i) {
+      double o = 0.0;
+      for (int t = 0; t < ctx; ++t) o += sc[t] / sum * at(v, t, i);
+      worst = std::max(worst, std::fabs(o - out[size_t(h) * D + i]));
+    }
+  }
+  check(worst < 2e-5, "attention_query (f32 KV, 300 tokens, 2 segments): error " + std::to_string(worst));
+  check_attention_paths();
+}
+
+}  // namespace kc
