@@ -255,6 +255,7 @@ class CudaBackend final : public Backend {
                                 pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
             "rope_kv_write");
       ctx_fresh_ = M == 1 ? kr.pos : nullptr;
+      unroped_k_ = kr;  // k stays unrotated: an attention_fresh reading it rotates it first
       return;
     }
     flush();
@@ -277,6 +278,9 @@ class CudaBackend final : public Backend {
   void attend(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
               const int32_t* pages, int nh, int nkv, int D, const float* fk, const float* fv, int ldkv, float* out) {
     flush();
+    Rope kr{};  // fk as rope_kv_write left it (unrotated), or none
+    if (fk && fk == unroped_k_.x && unroped_k_.M == M && unroped_k_.ld == ldkv) kr = unroped_k_;
+    unroped_k_ = {};
     const int32_t* fresh = ctx_fresh_;  // ctx_ already holds pos[0] + 1 (written with the KV)
     ctx_fresh_ = nullptr;
     const float scale = 1.0f / std::sqrt(float(D));
@@ -290,11 +294,14 @@ class CudaBackend final : public Backend {
       kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
       float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
       if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
-        return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv), "attention_decode");
+        return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
+                     "attention_decode");
       if (fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
       check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_), "attention_decode");
       return;
     }
+    if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
+      check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");
     // Small M (f32 / nvfp4r / k8v4 decode, a short prefill tail): split over the sequence as well.
     float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
     const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
@@ -472,6 +479,7 @@ class CudaBackend final : public Backend {
   Silu p_silu_;
   std::vector<Rope> p_rope_;
   size_t ws_floats_ = 0;
+  Rope unroped_k_;  // the k rope_kv_write wrote to the pool but left unrotated in its buffer
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }
   };

@@ -284,7 +284,18 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
   const int fg = f.k ? h / f.G : 0;
   if (f.k && warp == 0) {
     float dot = 0.0f;
-    for (int i = lane; i < D; i += 32) dot = fmaf(f.q[size_t(h) * D + i], f.k[size_t(fg) * D + i], dot);
+    const float* kr = f.k + size_t(fg) * D;
+    const int half = D / 2;
+    for (int i = lane; i < D; i += 32) {
+      float kv = kr[i];
+      if (f.rope_inv) {  // as the rope kernels: f32 angle pos * inv_freq, rotate-half
+        const int j = i < half ? i : i - half;
+        float sn, cs;
+        sincosf(float(f.rope_pos[0]) * f.rope_inv[j], &sn, &cs);
+        kv = i < half ? kr[j] * cs - kr[j + half] * sn : kr[j + half] * cs + kr[j] * sn;
+      }
+      dot = fmaf(f.q[size_t(h) * D + i], kv, dot);
+    }
     dot = warp_sum(dot);
     if (lane == 0) stat[2] = dot * f.sl2;
   }
@@ -377,7 +388,8 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
 template <bool HALF_K>
 cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                        const float* fresh_k = nullptr, const float* fresh_v = nullptr) {
+                        const float* fresh_k = nullptr, const float* fresh_v = nullptr,
+                        const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
@@ -394,7 +406,7 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
   else
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
-  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G};
+  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
 }
 
@@ -411,14 +423,16 @@ cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int spl
 
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
-                             cudaStream_t stream, const float* fresh_k, const float* fresh_v) {
+                             cudaStream_t stream, const float* fresh_k, const float* fresh_v,
+                             const int32_t* rope_pos, const float* rope_inv) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): NVFP4 pages run fastest on the tensor cores, f16 pages
   // (memory-bound) on the f32 SIMT kernel
   if (kv.format == KvFormat::NVFP4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
-                                        fresh_v);
-  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v);
+                                        fresh_v, rope_pos, rope_inv);
+  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v,
+                            rope_pos, rope_inv);
 }
 
 namespace detail {

@@ -167,10 +167,12 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 //   fresh_k / fresh_v (optional, f32 [n_kv, D]: the step's own K / V rows, unrounded,
 //   Backend::attention_fresh): ctx_dev then counts the pooled tokens read from the pages
 //   (ctx - 1, i.e. pos[0]; it may be 0) and the fresh token is the ctx-th, merged by the
-//   combine kernel with its score in f32.
+//   combine kernel with its score in f32. rope_pos / rope_inv (optional): fresh_k is not yet
+//   rotated (rope_kv_write leaves k as it was): rotate-half at rope_pos[0] with inv_freq rope_inv.
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
-                             cudaStream_t stream, const float* fresh_k = nullptr, const float* fresh_v = nullptr);
+                             cudaStream_t stream, const float* fresh_k = nullptr, const float* fresh_v = nullptr,
+                             const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 
 namespace detail {
 // attention_decode's f32 SIMT kernel for either format (NVFP4 defaults to the tensor cores).
@@ -186,7 +188,8 @@ cudaError_t attention_decode_half_qk(const PagedKv& kv, const float* q, int n_he
 // arguments, workspace and results (to ~5e-4 relative).
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                                 const float* fresh_k = nullptr, const float* fresh_v = nullptr);
+                                 const float* fresh_k = nullptr, const float* fresh_v = nullptr,
+                                 const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 }  // namespace detail
 
 // =====================================================================================
