@@ -80,6 +80,21 @@ class Engine:
         except ValueError as e:
             raise EngineError(str(e)) from None
 
+    def _forward_sample(self, seq: int, ids: Sequence[int], sampler, sp: SamplingParams,
+                        mask: np.ndarray | None, cancel=None) -> int:
+        """_forward, then the next token chosen on the backend (Backend::sample: the CPU
+        Sampler's choice from the logits with the tokens where mask is False at -inf); one id
+        comes back instead of the vocabulary's logits."""
+        arr = np.asarray(ids, dtype=np.int32)
+        if arr.ndim != 1 or arr.size == 0:
+            raise EngineError("forward needs a non-empty 1-D list of token ids")
+        try:
+            return self.native.forward_sample(seq, arr, sampler, sp.temperature, sp.top_k, sp.top_p, mask, cancel)
+        except _native.KvPoolFullError as e:
+            raise KvPoolFull(str(e)) from None
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+
     # ---- generation -----------------------------------------------------------------
     def session(self, name: str = "default") -> Session:
         """A conversation's handle on the engine (see Session)."""
@@ -222,22 +237,24 @@ class Generation:
     def text(self) -> str:
         return self.engine.tokenizer.decode(self.tokens, skip_special_tokens=True)
 
-    def _choose(self, sampler, logits: np.ndarray) -> int:
-        """Sample the next token, under the constraint's mask when there is one.
+    def _step(self, sampler, seq: int, ids: Sequence[int]) -> int:
+        """Compute ids and choose the next token on the engine's backend, under the
+        constraint's mask when there is one (the mask goes to the backend with the step; only
+        the id comes back: on a GPU the logits stay there).
 
-        Returns -1 when the constraint has finished (the stream ends as at a stop token).
+        Returns -1 when the constraint has finished (the stream ends as at a stop token); the
+        ids are computed either way, so the sequence holds every token it was given.
         """
-        sp = self.sampling
-        c = self.constraint
-        if c is None:
-            return sampler.sample(logits, sp.temperature, sp.top_k, sp.top_p)
-        if c.done():
+        sp, c = self.sampling, self.constraint
+        done = c is not None and c.done()
+        mask = None if c is None or done else c.allowed()
+        if done:  # the token is not used: no draw from the sampler
+            sp = SamplingParams()
+        tok = self.engine._forward_sample(seq, ids, sampler, sp, mask, cancel=self._cancel)
+        if done:
             return -1
-        mask = c.allowed()
-        if mask is not None:
-            logits = np.where(mask, logits, np.float32(-np.inf)).astype(np.float32)
-        tok = sampler.sample(logits, sp.temperature, sp.top_k, sp.top_p)
-        c.advance(tok)
+        if c is not None:
+            c.advance(tok)
         return tok
 
     def _run(self) -> Iterator[int]:
@@ -255,16 +272,14 @@ class Generation:
         try:
             cached = native.begin(seq, np.asarray(self.prompt, np.int32)) if eng.prefix_cache else 0
             try:
-                logits = eng._forward(seq, self.prompt[cached:], cancel=self._cancel)
+                tok = self._step(sampler, seq, self.prompt[cached:])
             except _native.CancelledError as e:
                 computed = int(e.args[0]) if e.args else 0
                 prefill_s = time.perf_counter() - t0
                 finish = "cancelled"
                 return
             computed = len(self.prompt) - cached
-            prefill_s = time.perf_counter() - t0
-            tok = self._choose(sampler, logits)
-            ttft_s = time.perf_counter() - t0
+            prefill_s = ttft_s = time.perf_counter() - t0  # the prefill's last step chose the token
             while True:
                 if tok in self.stops or tok < 0:
                     finish = "stop"
@@ -281,14 +296,13 @@ class Generation:
                     break
                 t = time.perf_counter()
                 try:
-                    logits = eng._forward(seq, [tok], cancel=self._cancel)
+                    tok = self._step(sampler, seq, [tok])
                 except _native.CancelledError:
                     finish = "cancelled"
                     break
                 except KvPoolFull:
                     finish = "pool_full"  # the reply so far stands; the pool cannot hold another token
                     break
-                tok = self._choose(sampler, logits)
                 decode_s += time.perf_counter() - t
                 decode_tokens += 1
         except GeneratorExit:

@@ -73,6 +73,13 @@ class BackendOps {
   std::vector<void*> bufs_;
 };
 
+// A KV pool format by its name (kv_pool.h), or std::invalid_argument.
+KvDType kv_of(const std::string& kv) {
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::NVFP4, KvDType::NVFP4R, KvDType::K8V4})
+    if (kv == kv_dtype_name(t)) return t;
+  throw std::invalid_argument("kv must be f32, f16, nvfp4, nvfp4r or k8v4, got '" + kv + "'");
+}
+
 struct Release {  // frees an op's buffers however it ends
   BackendOps& o;
   ~Release() { o.release(); }
@@ -88,7 +95,7 @@ py::array_t<float> attention_op(BackendOps& o, const Arr<float>& q, const Arr<fl
   const int M = int(q.shape(0)), ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2));
   require(ctx == p0 + M && v.shape(0) == ctx && q.shape(1) % D == 0, "ctx must be p0 + M");
   const int nh = int(q.shape(1)) / D, B = 16, n_pages = (ctx + B - 1) / B;
-  const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+  const KvDType dt = kv_of(kv);
   KvPool pool(o.be(), 1, nkv, D, B, n_pages, dt);
   std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
   for (int i = 0; i < n_pages; ++i) pages[i] = pool.alloc_page();
@@ -132,7 +139,7 @@ void bind_backend(py::module_& m) {
             require(nh > 0 && nkv > 0 && nh % nkv == 0 && D > 0 && D % 16 == 0, "nh % nkv == 0, D % 16 == 0");
             require(p0 >= 0 && M >= 1 && layers >= 1 && repeat >= 1, "p0 >= 0, M, layers, repeat >= 1");
             const int ctx = p0 + M, B = 16, n_pages = (ctx + B - 1) / B, KD = nkv * D;
-            const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+            const KvDType dt = kv_of(kv);
             require(kv == "f16" || kv == "nvfp4" || kv == "f32", "kv must be f32, f16 or nvfp4");
             std::vector<float> kh(size_t(ctx) * KD), vh(kh.size()), qh(size_t(M) * nh * D);
             std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
@@ -334,21 +341,47 @@ void bind_backend(py::module_& m) {
             require(k.ndim() == 3 && v.ndim() == 3 && k.size() == v.size(), "k, v [ctx, nkv, D]");
             const int ctx = int(k.shape(0)), nkv = int(k.shape(1)), D = int(k.shape(2)), B = 16;
             const int n_pages = (ctx + B - 1) / B;
-            const KvDType dt = kv == "f16" ? KvDType::F16 : kv == "nvfp4" ? KvDType::NVFP4 : KvDType::F32;
+            const KvDType dt = kv_of(kv);
             KvPool pool(o.be(), 1, nkv, D, B, n_pages, dt);
             std::vector<int32_t> slots(ctx);
             for (int i = 0; i < n_pages; ++i) pool.alloc_page();
             for (int t = 0; t < ctx; ++t) slots[t] = t;  // pages 0.. in order
             int32_t* sd = o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(ctx), slots.data())));
             o.be().kv_write(pool, 0, o.put(k), o.put(v), nkv * D, sd, ctx);
-            const size_t bytes = size_t(ctx) * pool.token_bytes();
-            py::array_t<uint8_t> kb{py::ssize_t(bytes)}, vb{py::ssize_t(bytes)};
+            const size_t bytes = size_t(ctx) * pool.token_bytes(), vbytes = size_t(ctx) * nkv * pool.v_row_bytes();
+            py::array_t<uint8_t> kb{py::ssize_t(bytes)}, vb{py::ssize_t(vbytes)};
             o.be().sync();
             o.be().download(kb.mutable_data(), pool.k(0), bytes);
-            o.be().download(vb.mutable_data(), pool.v(0), bytes);
+            o.be().download(vb.mutable_data(), pool.v(0), vbytes);
             return py::make_tuple(kb, vb);
           },
           py::arg("k"), py::arg("v"), py::arg("kv"))
+      .def(
+          "sample",
+          [](BackendOps& o, const Arr<float>& x, float temperature, int top_k, float top_p, double u,
+             py::object mask) {
+            // Backend::sample over x [V] with the draw u; mask: bool [V] (False: not allowed) or None.
+            Release r{o};
+            require(x.ndim() == 1 && x.size() >= 1, "x [V]");
+            const int V = int(x.size());
+            const uint32_t* md = nullptr;
+            if (!mask.is_none()) {
+              auto m = Arr<bool>::ensure(mask);
+              require(m && m.ndim() == 1 && m.shape(0) == V, "mask must be bool [V]");
+              std::vector<int32_t> bits((size_t(V) + 31) / 32, 0);
+              for (int i = 0; i < V; ++i)
+                if (m.data()[i]) bits[i / 32] |= int32_t(1u << (i % 32));
+              md = reinterpret_cast<const uint32_t*>(o.put(Arr<int32_t>(py::array_t<int32_t>(py::ssize_t(bits.size()), bits.data()))));
+            }
+            int32_t* out = reinterpret_cast<int32_t*>(o.scratch(1));
+            o.be().sample(o.put(x), V, SamplingParams{temperature, top_k, top_p}, u, md, out);
+            int32_t h = 0;
+            o.be().sync();
+            o.be().download(&h, out, sizeof(h));
+            return h;
+          },
+          py::arg("x"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+          py::arg("u") = 0.0, py::arg("mask") = py::none())
       .def("argmax", [](BackendOps& o, const Arr<float>& x) {
         Release r{o};
         require(x.size() >= 1, "x must not be empty");

@@ -130,6 +130,39 @@ void bind_engine(py::module_& m) {
           py::arg("seq"), py::arg("ids"), py::arg("cancel") = nullptr,
           "forward() returning the last token's argmax, reduced on the backend (no logits download).")
       .def(
+          "forward_sample",
+          [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids, Sampler& sampler,
+             float temperature, int top_k, float top_p, py::object mask, const CancelFlag* cancel) {
+            const int n = int(ids.size());
+            const int V = e.config().vocab;
+            SampleRequest req;
+            req.params = SamplingParams{temperature, top_k, top_p};
+            check_sampling(req.params);
+            std::vector<uint32_t> bits;
+            if (!mask.is_none()) {  // bool [V] -> u32 bits (Backend::sample's layout)
+              auto m = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(mask);
+              if (!m || m.ndim() != 1 || m.shape(0) != V)
+                throw std::invalid_argument("mask must be a bool array of the vocabulary's " + std::to_string(V) +
+                                            " entries");
+              bits.assign((size_t(V) + 31) / 32, 0u);
+              const bool* b = m.data();
+              for (int i = 0; i < V; ++i) bits[i / 32] |= uint32_t(b[i]) << (i % 32);
+              req.mask = bits.data();
+            }
+            if (temperature > 0.0f) req.u = sampler.uniform();  // the draw Sampler.sample makes
+            const int32_t* p = ids.data();
+            int32_t tok = 0;
+            {
+              py::gil_scoped_release nogil;
+              e.forward(seq, p, n, nullptr, false, cancel, &tok, &req);
+            }
+            return tok;
+          },
+          py::arg("seq"), py::arg("ids"), py::arg("sampler"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0,
+          py::arg("top_p") = 1.0f, py::arg("mask") = py::none(), py::arg("cancel") = nullptr,
+          "forward() then the next token chosen on the backend as Sampler.sample would choose it from the "
+          "logits with the tokens where mask (bool [V]) is False set to -inf: one id comes back, not [V] logits.")
+      .def(
           "begin",
           [](Engine& e, int seq, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
             py::gil_scoped_release nogil;
@@ -235,7 +268,8 @@ void bind_engine(py::module_& m) {
             SamplingParams p{temperature, top_k, top_p};
             return s.sample(logits.data(), int(logits.size()), p);
           },
-          py::arg("logits"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f);
+          py::arg("logits"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f)
+      .def("uniform", &Sampler::uniform, "The draw sample() makes for a sampled token: U[0, 1).");
 
   m.def("kernel_isa", [] { return std::string(kernel_isa()); });
   m.def(

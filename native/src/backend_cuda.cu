@@ -191,6 +191,12 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld, const int32_t* slots,
                 int M) override {
+    if (kv_needs_workspace(pool.dtype())) {  // nvfp4r / k8v4 rows: attention_paged.cu, not fused
+      flush();
+      return check(cuda::kv_write_q(int(pool.dtype()), pool.k(layer), pool.v(layer), pool.n_kv(), pool.head_dim(), k,
+                                    v, ld, slots, M, st_),
+                   "kv_write");
+    }
     const int D = pool.head_dim();
     int ki = -1, qi = -1;  // pending ropes of this k and of a q at the same positions
     for (int i = 0; i < int(p_rope_.size()); ++i)
@@ -210,6 +216,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                                 pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
             "rope_kv_write");
       ctx_fresh_ = M == 1 ? kr.pos : nullptr;
+      unroped_k_ = kr;  // k stays unrotated: an attention_fresh reading it rotates it first
       return;
     }
     flush();
@@ -220,26 +227,46 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
   void attention(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
                  const int32_t* pages, int nh, int nkv, int D, float* out) override {
+    attend(pool, layer, q, ldq, M, pos, pages, nh, nkv, D, nullptr, nullptr, 0, out);
+  }
+  void attention_fresh(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
+                       const int32_t* pages, int nh, int nkv, int D, const float* k_new, const float* v_new,
+                       int ldkv, float* out) override {
+    const bool f32 = pool.dtype() == KvDType::F32;  // its pages hold the new rows exactly already
+    attend(pool, layer, q, ldq, M, pos, pages, nh, nkv, D, f32 ? nullptr : k_new, f32 ? nullptr : v_new, ldkv, out);
+  }
+  // fk, fv (or null): the chunk's own K / V rows, unrounded (attention_fresh).
+  void attend(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
+              const int32_t* pages, int nh, int nkv, int D, const float* fk, const float* fv, int ldkv, float* out) {
     flush();
+    Rope kr{};  // fk as rope_kv_write left it (unrotated), or none
+    if (fk && fk == unroped_k_.x && unroped_k_.M == M && unroped_k_.ld == ldkv) kr = unroped_k_;
+    unroped_k_ = {};
     const int32_t* fresh = ctx_fresh_;  // ctx_ already holds pos[0] + 1 (written with the KV)
     ctx_fresh_ = nullptr;
     const float scale = 1.0f / std::sqrt(float(D));
     const int max_ctx = std::min(pool.n_pages() * pool.block(), 524288);
     cuda::PagedKv kv;
     kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
-    const bool split_ok = pool.dtype() != KvDType::F32 && (D == 64 || D == 128) && pool.block() % 16 == 0 &&
+    const bool split_ok = (pool.dtype() == KvDType::F16 || pool.dtype() == KvDType::NVFP4) && (D == 64 || D == 128) &&
+                          pool.block() % 16 == 0 &&
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
       float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
+      if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
+        return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
+                     "attention_decode");
       if (fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
       check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_), "attention_decode");
       return;
     }
-    // Small M (f32-KV decode, a short prefill tail): split over the sequence as well.
+    if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
+      check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");
+    // Small M (f32 / nvfp4r / k8v4 decode, a short prefill tail): split over the sequence as well.
     float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
     const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
-                                                nkv, D, q, ldq, M, nh, pos, scale, out, st_, max_ctx, ws);
+                                                nkv, D, q, ldq, M, nh, pos, scale, out, st_, max_ctx, ws, fk, fv, ldkv);
     if (e == cudaErrorInvalidValue) bad("attention: head_dim " + std::to_string(D) + " (needs a multiple of 32, <= 256)");
     check(e, "attention");
   }
@@ -255,10 +282,38 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     flush();
     check(cuda::argmax(x, n, out, st_), "argmax");
   }
+  // On the device (sampling.cu): one id leaves, not [n] logits. Its workspace is its own (the
+  // attention workspace must not move under a recorded step), grown here, outside any step.
+  void sample(const float* x, int n, const SamplingParams& p, double u, const uint32_t* mask, int32_t* out) override {
+    flush();
+    check_sampling(p);
+    const size_t need = p.temperature > 0.0f ? cuda::sample_workspace_bytes(n) : 0;
+    if (need > sample_bytes_) {
+      no_capture("sample workspace");
+      void* w = nullptr;
+      check(cudaStreamSynchronize(st_), "stream");
+      sample_ws_.reset();
+      check(cudaMalloc(&w, need), "cudaMalloc");
+      sample_ws_.reset(w);
+      sample_bytes_ = need;
+    }
+    const cudaError_t e = cuda::sample_token(x, n, mask, {p.temperature, p.top_k, p.top_p, u}, sample_ws_.get(),
+                                             sample_bytes_, out, st_);
+    if (e == cudaErrorInvalidValue) bad("sample: draw u = " + std::to_string(u) + " outside [0, 1) or n = " + std::to_string(n));
+    check(e, "sample");
+  }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------
   bool step_begin(uint64_t key) override { return graph_begin(key); }
   void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }
+
+ private:
+  Rope unroped_k_;  // the k rope_kv_write wrote to the pool but left unrotated in its buffer
+  struct CudaFree {
+    void operator()(void* p) const { cudaFree(p); }
+  };
+  std::unique_ptr<void, CudaFree> sample_ws_;  // device: Backend::sample's sort and sums
+  size_t sample_bytes_ = 0;
 };
 
 }  // namespace

@@ -19,6 +19,7 @@ struct Engine::Scratch {
   float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *logits;  // see sizes below
   float* inv_freq;  // [D/2] the RoPE table, uploaded once
   int32_t *ids, *pos, *slots, *pages, *token;  // token: [1] the device argmax
+  uint32_t* mask;  // [ceil(V / 32)] allowed-token bits for Backend::sample
   QuantScratch xq;
   int logit_rows, max_pages;
 
@@ -43,6 +44,7 @@ struct Engine::Scratch {
     slots = i(M);
     pages = i(max_pages);
     token = i(1);
+    mask = reinterpret_cast<uint32_t*>(i((size_t(c.vocab) + 31) / 32));
     inv_freq = f(c.rope_inv_freq.size());
     be.upload(inv_freq, c.rope_inv_freq.data(), sizeof(float) * c.rope_inv_freq.size());
     const int Kmax = round_up(std::max(c.hidden, std::max(c.intermediate, int(QD))), kQ8Block);
@@ -224,10 +226,12 @@ void Engine::reserve_pages(Sequence& s, int n_tokens) {
 // Forward pass
 // ============================================================================
 void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits,
-                     const CancelFlag* cancel, int32_t* argmax) {
+                     const CancelFlag* cancel, int32_t* argmax, const SampleRequest* sample) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!weights_set_) throw std::logic_error("engine: weights not set");
   if (n <= 0) throw std::invalid_argument("forward: no tokens");
+  if (sample && !argmax) throw std::invalid_argument("forward: a sample request needs an output");
+  if (sample) check_sampling(sample->params);
   Sequence& s = seq_ref(seq);
   for (int i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= config_.vocab)
@@ -254,7 +258,7 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
     float* out = all_logits ? logits + size_t(done) * V : (last ? logits : nullptr);
     if (cancel && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(done);
     try {
-      forward_chunk(s, ids + done, M, p0 + done, out, all_logits, cancel, last ? argmax : nullptr);
+      forward_chunk(s, ids + done, M, p0 + done, out, all_logits, cancel, last ? argmax : nullptr, sample);
     } catch (const Cancelled&) {
       throw Cancelled(done);  // this chunk's K/V are incomplete: it is not appended
     }
@@ -267,7 +271,8 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
 // logits: host f32 [V] (last row) or [M, V] (all rows), or null for none; argmax: host [1],
 // the last row's argmax computed on the backend, or null.
 void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits,
-                           bool all_logits, const CancelFlag* cancel, int32_t* argmax) {
+                           bool all_logits, const CancelFlag* cancel, int32_t* argmax,
+                           const SampleRequest* sample) {
   Backend& be = *backend_;
   Scratch& S = *scratch_;
   const ModelConfig& c = config_;
@@ -292,10 +297,13 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   be.upload(S.pos, pos.data(), sizeof(int32_t) * M);
   be.upload(S.slots, slots.data(), sizeof(int32_t) * M);
   be.upload(S.pages, s.pages.data(), sizeof(int32_t) * n_pages);
+  if (argmax && sample && sample->mask)
+    be.upload(S.mask, sample->mask, sizeof(uint32_t) * ((size_t(c.vocab) + 31) / 32));
 
   // A decode step (M = 1) runs the same ops every step: the backend may replay a recording
   // of it (CUDA graph) instead of the ops up to the head's download (backend.h step_begin).
-  const uint64_t step_key = argmax ? 2 : logits ? 1 : 0;
+  // (a sampled step's recording ends at the logits: the sampling runs after it, unrecorded)
+  const uint64_t step_key = argmax ? (sample ? 3 : 2) : logits ? 1 : 0;
   struct StepGuard {  // closes the step on every exit; ok only when the ops all ran
     Backend& be;
     uint64_t key;
@@ -374,9 +382,11 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
       S.xq.valid = false;
       if (integer) be.quantize_input(S.h, R, H, S.xq);
       be.matmul(head, S.h, S.xq, R, S.logits, V);
-      if (argmax && r0 + R == M) be.argmax(S.logits + size_t(R - 1) * V, V, S.token);
+      if (argmax && !sample && r0 + R == M) be.argmax(S.logits + size_t(R - 1) * V, V, S.token);
     }
     step.end();  // a decode step's recording ends before the downloads
+    if (argmax && sample && r0 + R == M)
+      be.sample(S.logits + size_t(R - 1) * V, V, sample->params, sample->u, sample->mask ? S.mask : nullptr, S.token);
     if (!logits) continue;
     be.sync();
     be.download(logits + size_t(r0 - first) * V, S.logits, sizeof(float) * R * V);

@@ -34,10 +34,6 @@ KvPool::KvPool(Backend& backend, int n_layers, int n_kv, int head_dim, int block
   if ((dtype == KvDType::NVFP4 || dtype == KvDType::NVFP4R || dtype == KvDType::K8V4) && head_dim % 16 != 0)
     throw std::invalid_argument(std::string("kv pool: ") + kv_dtype_name(dtype) +
                                 " KV needs head_dim divisible by 16, got " + std::to_string(head_dim));
-  if (kv_needs_workspace(dtype) && backend.name() != "cpu")  // no silent nvfp4 reading of other bytes
-    throw std::invalid_argument(std::string("kv pool: kv format '") + kv_dtype_name(dtype) +
-                                "' is implemented on the cpu backend only, not '" + backend.name() +
-                                "' (f32, f16, nvfp4 run there)");
   const size_t rows = static_cast<size_t>(n_pages) * block * n_kv;
   for (int l = 0; l < n_layers; ++l) {
     k_.push_back(backend_.alloc(rows * kv_row_bytes(dtype, head_dim)));

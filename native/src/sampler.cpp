@@ -13,11 +13,23 @@ int argmax(const float* x, int n) {
   return best;
 }
 
-// Candidates are the top_k logits (or, without top_k, the smallest prefix of the sorted
-// logits that holds top_p of the mass: tried with 256 first, the full vocabulary if not).
+void check_sampling(const SamplingParams& p) {
+  if (p.temperature > 0.0f && !(p.top_p > 0.0f && p.top_p <= 1.0f))
+    throw std::invalid_argument("top_p must be in (0, 1]");
+}
+
 int Sampler::sample(const float* logits, int V, const SamplingParams& p) {
   if (p.temperature <= 0.0f) return argmax(logits, V);
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) throw std::invalid_argument("top_p must be in (0, 1]");
+  check_sampling(p);
+  return sample_with_uniform(logits, V, p, uniform(), cand_);
+}
+
+// Candidates are the top_k logits (or, without top_k, the smallest prefix of the sorted
+// logits that holds top_p of the mass: tried with 256 first, the full vocabulary if not).
+// r = u * z is what std::uniform_real_distribution<double>(0, z) returns for the same draw.
+int sample_with_uniform(const float* logits, int V, const SamplingParams& p, double u,
+                        std::vector<std::pair<float, int>>& cand_) {
+  check_sampling(p);
   const float inv_t = 1.0f / p.temperature;
   const float mx = logits[argmax(logits, V)];
   double total = 0.0;  // softmax denominator over the whole vocabulary
@@ -50,8 +62,7 @@ int Sampler::sample(const float* logits, int V, const SamplingParams& p) {
       cand_.resize(keep);
       double z = 0.0;
       for (auto& c : cand_) z += std::exp(double((c.first - mx) * inv_t));
-      std::uniform_real_distribution<double> u(0.0, z);
-      double r = u(rng_);
+      double r = u * z;
       for (auto& c : cand_) {
         r -= std::exp(double((c.first - mx) * inv_t));
         if (r <= 0.0) return c.second;

@@ -2,7 +2,9 @@
 
 Op level (as llama.cpp's test-backend-ops): every weight format's matmul through
 quantize_input (batch 1, 8 and 70- / 130-row prefills on the tensor-core GEMM), the KV writes byte for byte against the CPU
-codec, prefill / decode attention over f32, f16 and NVFP4 pages, argmax. tests/native/
+codec, prefill / decode attention over f32, f16, NVFP4, NVFP4R and K8V4 pages, with and without
+the chunk's own rows unrounded (attention_fresh), argmax; device sampling is in
+tests/native/test_sampling.py (every backend against the CPU Sampler). tests/native/
 test_backend_ops.py runs its float64-reference tests on the CUDA backend too where one is usable.
 Model level: a random-weight SmolLM2-135M-shaped model (app/bench/gpu_model.py; the device has
 no model files) with the same bytes on both backends: logits of a prefill and of decode steps
@@ -90,16 +92,21 @@ def test_prefill_gemm_equals_gemv_chunks(cpu, gpu, fmt, monkeypatch):
     assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, m)) < 1e-5
 
 
-@pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
+@pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4", "nvfp4r", "k8v4"])
 def test_kv_write_bytes_equal_cpu_codec(cpu, gpu, kv):
     k = (RNG.standard_normal((37, 3, 64)) * RNG.uniform(0.01, 30, (37, 3, 1))).astype(np.float32)
     v = RNG.standard_normal((37, 3, 64)).astype(np.float32)
     k[0, 0, :16] = 0.0  # an all-zero block: scale 0, codes 0
+    k[1, 1] = 0.0  # an all-zero row: row scale 0
+    k[2, 2] *= 1e-9  # a tiny row: the row scale's subnormal floor
     for a, b in zip(gpu.kv_write_bytes(k, v, kv), cpu.kv_write_bytes(k, v, kv)):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kv, tol", [("f32", 1e-5), ("f16", 1e-5), ("nvfp4", 2e-3)])
+KV_TOL = [("f32", 1e-5), ("f16", 1e-5), ("nvfp4", 2e-3), ("nvfp4r", 1e-5), ("k8v4", 1e-5)]
+
+
+@pytest.mark.parametrize("kv, tol", KV_TOL)
 @pytest.mark.parametrize("M, p0", [(1, 0), (1, 900), (1, 5000), (33, 0), (17, 300)])
 def test_attention_matches_cpu(cpu, gpu, kv, tol, M, p0):
     nkv, G, D = 3, 3, 64  # SmolLM2's grouping
@@ -109,6 +116,23 @@ def test_attention_matches_cpu(cpu, gpu, kv, tol, M, p0):
     want = cpu.attention(q, k, v, p0, kv)
     got = gpu.attention(q, k, v, p0, kv)
     assert _rel(got, want) < tol  # nvfp4 decode: q rounded to f16 on the tensor cores
+
+
+@pytest.mark.parametrize("kv, tol", KV_TOL[1:])
+@pytest.mark.parametrize("M, p0", [(1, 0), (1, 900), (1, 5000), (33, 0), (17, 300)])
+def test_attention_fresh_matches_cpu(cpu, gpu, kv, tol, M, p0):
+    """The chunk's own K/V from their f32 rows, the prefix from the pages (Backend::
+    attention_fresh): nvfp4 decode merges the own token in the split combine, every other case
+    reads it in the paged kernel. Against the CPU's attention_fresh, and visibly not attention()."""
+    nkv, G, D = 3, 3, 64
+    q = RNG.standard_normal((M, nkv * G * D)).astype(np.float32)
+    k = RNG.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    v = RNG.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    want = cpu.attention_fresh(q, k, v, p0, kv)
+    got = gpu.attention_fresh(q, k, v, p0, kv)
+    assert _rel(got, want) < tol
+    if kv != "f16" and p0 < 1000:  # the own rows weigh enough to see the rounding they skip
+        assert _rel(gpu.attention(q, k, v, p0, kv), want) > 3 * tol
 
 
 def test_argmax_first_maximum(gpu):
@@ -154,17 +178,15 @@ def _run(eng, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, list[np.ndarr
         eng.close_sequence(s)
 
 
-@pytest.mark.parametrize("weights", ["nvfp4", "w4a8", "f16"])
-@pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
-def test_model_logits_match_cpu(models, weights, kv, monkeypatch):
+@pytest.mark.parametrize("weights, kv", [(w, k) for w in ("nvfp4", "w4a8", "f16") for k in ("f32", "f16", "nvfp4")]
+                         + [("nvfp4", "nvfp4r"), ("nvfp4", "k8v4")])
+def test_model_logits_match_cpu(models, weights, kv):
     """Bound: CUDA may differ from the CPU backend by at most 3x as much as the CPU backend's own
     two kernel paths (its best ISA and the scalar reference) differ from each other on the same
     model (floor 1e-3): a random 30-layer model amplifies last-bit differences (an int8 or NVFP4
-    rounding that flips), so a fixed bound would be either loose or flaky. The CUDA backend has no
-    attention_fresh yet (a chunk reads its own K/V from the pages, as the default hook does), so
-    the CPU is compared with that switched off (KVDECK_KV_FRESH=0; the H200 run with it on measured
-    1.8e-2 on nvfp4 KV: the CPU's unrounded own rows)."""
-    monkeypatch.setenv("KVDECK_KV_FRESH", "0")
+    rounding that flips), so a fixed bound would be either loose or flaky. Both engines run their
+    default path: with nvfp4 / nvfp4r / k8v4 KV a chunk reads its own K/V unrounded
+    (attention_fresh; before the CUDA version existed this test had to switch it off on the CPU)."""
     prompt = RNG.integers(0, 49152, 45).astype(np.int32)  # 45: chunks of 8 and a tail of 5
     cpu = models(weights, kv, "cpu")
     isa = _native.kernels.kernel_isa()

@@ -83,7 +83,7 @@ def _attention_ref(q, k, v, p0):
 
 
 @pytest.mark.parametrize("M, p0", [(1, 700), (40, 300), (5, 0)])
-@pytest.mark.parametrize("kv, tol", [("f32", 1e-5), ("f16", 2e-3), ("nvfp4", 0.25)])
+@pytest.mark.parametrize("kv, tol", [("f32", 1e-5), ("f16", 2e-3), ("nvfp4", 0.25), ("nvfp4r", 0.3), ("k8v4", 0.25)])
 def test_attention_over_pages(ops, M, p0, kv, tol):
     nkv, G, D = 2, 3, 64
     rng = np.random.default_rng(M * 100003 + p0)  # the same inputs for every backend

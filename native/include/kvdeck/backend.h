@@ -10,6 +10,7 @@
 // seen and are then reused. Ops are called by one thread at a time (the Engine's lock).
 #pragma once
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "kvdeck/kernels.h"
 #include "kvdeck/kv_pool.h"
+#include "kvdeck/sampler.h"
 
 namespace kvdeck {
 
@@ -103,6 +105,26 @@ class Backend {
     for (int i = 1; i < n; ++i)
       if (h[i] > h[best]) best = i;
     upload(out, &best, sizeof(best));
+  }
+  // out[0] = the id the CPU Sampler chooses from x[0..n) (sampler.h: argmax when
+  // p.temperature <= 0, else sample_with_uniform with the draw u), with every token whose bit
+  // is clear in mask set to -inf first (mask: u32 [ceil(n / 32)], token i is bit i % 32 of
+  // word i / 32; null: every token allowed). x, mask and out in backend memory: a decode step
+  // then moves one id instead of [n] logits. Default: through host memory, the CPU code itself.
+  virtual void sample(const float* x, int n, const SamplingParams& p, double u, const uint32_t* mask,
+                      int32_t* out) {
+    std::vector<float> h(size_t(n > 0 ? n : 0));
+    download(h.data(), x, sizeof(float) * h.size());
+    if (mask) {
+      std::vector<uint32_t> bits((h.size() + 31) / 32);
+      download(bits.data(), mask, sizeof(uint32_t) * bits.size());
+      for (int i = 0; i < n; ++i)
+        if (!((bits[i / 32] >> (i % 32)) & 1u)) h[i] = -INFINITY;
+    }
+    std::vector<std::pair<float, int>> scratch;
+    const int32_t id = p.temperature <= 0.0f ? kvdeck::argmax(h.data(), n)
+                                             : sample_with_uniform(h.data(), n, p, u, scratch);
+    upload(out, &id, sizeof(id));
   }
 
   // ---- decode steps (CUDA graphs) -------------------------------------------------------

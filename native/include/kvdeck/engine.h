@@ -49,6 +49,15 @@ struct EngineOptions {
 // Throws std::invalid_argument naming the first option out of range.
 void validate(const EngineOptions& o);
 
+// forward()'s on-backend sampling: params, the Sampler's draw u (sampler.h uniform(); unused
+// when greedy) and the allowed tokens (host u32 bits [ceil(vocab / 32)], Backend::sample's
+// layout; null: all).
+struct SampleRequest {
+  SamplingParams params;
+  double u = 0.0;
+  const uint32_t* mask = nullptr;
+};
+
 // Set from any thread to stop a forward() between layers.
 struct CancelFlag {
   std::atomic<bool> set{false};
@@ -138,8 +147,12 @@ class Engine {
   // when cancel was set (the completed chunks stay appended). argmax (host [1], optional):
   // the last token's greedy choice, reduced on the backend (logits may then be null: no [V]
   // download). Decode steps (n == 1) may run as a backend recording (CUDA graph).
+  // sample (optional, with argmax as its output): argmax receives the id Backend::sample
+  // chooses instead (temperature / top-k / top-p with the draw u, under the allowed-token
+  // mask), computed where the logits are.
   void forward(int seq, const int32_t* ids, int n, float* logits, bool all_logits,
-               const CancelFlag* cancel = nullptr, int32_t* argmax = nullptr);
+               const CancelFlag* cancel = nullptr, int32_t* argmax = nullptr,
+               const SampleRequest* sample = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
@@ -151,7 +164,7 @@ class Engine {
  private:
   struct Scratch;
   void forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits, bool all_logits,
-                     const CancelFlag* cancel, int32_t* argmax);
+                     const CancelFlag* cancel, int32_t* argmax, const SampleRequest* sample);
   void reserve_pages(Sequence& s, int n_tokens);
   Sequence& seq_ref(int seq);       // std::invalid_argument for an unknown id; holds mu_
   void close_locked(int seq);

@@ -9,9 +9,9 @@
 //          (one per 16 values along head_dim, tensor scale 1): 0.28125x the bytes of f16;
 //   NVFP4R: the NVFP4 row then an f16 second-level scale per row [2 bytes]: 0.297x f16;
 //   K8V4: K rows i8 [D] then an f16 scale [2 bytes]; V rows NVFP4R: 0.406x f16.
-// NVFP4R / K8V4 pages are read through an f32 workspace (kv_needs_workspace), not by the
-// attention kernels themselves; the CUDA backend knows F16 / NVFP4 only, so the pool refuses
-// NVFP4R / K8V4 on any backend but "cpu". A page returns to the free list
+// NVFP4R / K8V4 pages are read through an f32 workspace on the CPU backend (kv_needs_workspace),
+// not by its attention kernels; the CUDA backend decodes them in its paged-attention kernel
+// (native/kernels/cuda/attention_paged.cu). A page returns to the free list
 // when its reference count drops to zero. The prefix cache (radix tree) holds its
 // own references through the same ref/unref calls. Not thread-safe on its own: the Engine's
 // lock serialises every call.

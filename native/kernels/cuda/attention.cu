@@ -266,18 +266,39 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 // (lane = d; the first 64 splits in registers, so one round trip), then weights them, and a
 // shared-memory sum finishes. Launched with PDL: it starts
 // while the split kernel drains and waits for it before reading the workspace.
+// Fresh (f.k != null, Backend::attention_fresh): the splits covered the ctx_dev pooled tokens
+// and one more token, the decode step's own, joins as a term of its own: score
+// sl2 * q[h] . f.k[g] in f32 from its unrounded row, value row f.v[g] (g = h / G).
 constexpr int kCombineThreads = 256;
 
 __global__ void __launch_bounds__(kCombineThreads)
 attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ctx_dev, int split,
-                    int n_splits, int D, float* __restrict__ out) {
+                    int n_splits, int D, float* __restrict__ out, AttnFresh f) {
   __shared__ float wgt[kMaxAttnSplits];
   __shared__ float red[kCombineThreads / 32][32];  // per warp
-  __shared__ float stat[2];
+  __shared__ float stat[3];
   pdl_wait();
   const int h = blockIdx.x, d0 = blockIdx.y * 32, tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
   const int live = (*ctx_dev + split - 1) / split;
   const float* base = ws + size_t(h) * n_splits * (D + 2);
+  const int fg = f.k ? h / f.G : 0;
+  if (f.k && warp == 0) {
+    float dot = 0.0f;
+    const float* kr = f.k + size_t(fg) * D;
+    const int half = D / 2;
+    for (int i = lane; i < D; i += 32) {
+      float kv = kr[i];
+      if (f.rope_inv) {  // as the rope kernels: f32 angle pos * inv_freq, rotate-half
+        const int j = i < half ? i : i - half;
+        float sn, cs;
+        sincosf(float(f.rope_pos[0]) * f.rope_inv[j], &sn, &cs);
+        kv = i < half ? kr[j] * cs - kr[j + half] * sn : kr[j + half] * cs + kr[j] * sn;
+      }
+      dot = fmaf(f.q[size_t(h) * D + i], kv, dot);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) stat[2] = dot * f.sl2;
+  }
   // warp w's first kPre splits (w, w + 8, ...) at d = d0 + lane, loaded with the maxima
   constexpr int kWarpsC = kCombineThreads / 32, kPre = 8;
   const int d = d0 + lane;
@@ -296,10 +317,11 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
   if (tid == 0) {
     float v = red[0][0];
     for (int w = 1; w < kCombineThreads / 32; ++w) v = fmaxf(v, red[w][0]);
-    stat[0] = v;
+    stat[0] = f.k ? fmaxf(v, stat[2]) : v;
   }
   __syncthreads();
   mx = stat[0];
+  const float cf = f.k ? exp2f(stat[2] - mx) : 0.0f;  // the fresh token's weight (l = 1)
   const float c = tid < live ? exp2f(ms - mx) : 0.0f;
   if (tid < kMaxAttnSplits) wgt[tid] = c;
   const float lsum = warp_sum(c * ls);
@@ -307,7 +329,7 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
   if (lane == 0) red[warp][0] = lsum;
   __syncthreads();
   if (tid == 0) {
-    float v = 0.0f;
+    float v = cf;
     for (int w = 0; w < kCombineThreads / 32; ++w) v += red[w][0];
     stat[1] = v;
   }
@@ -325,7 +347,7 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
   red[warp][lane] = acc;
   __syncthreads();
   if (warp == 0 && d < D) {
-    float t = 0.0f;
+    float t = f.k ? cf * f.v[size_t(fg) * D + d] : 0.0f;
 #pragma unroll
     for (int w = 0; w < kCombineThreads / 32; ++w) t += red[w][lane];
     out[size_t(h) * D + d] = t / stat[1];
@@ -365,7 +387,9 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
 
 template <bool HALF_K>
 cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                        int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
+                        int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
+                        const float* fresh_k = nullptr, const float* fresh_v = nullptr,
+                        const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
@@ -382,28 +406,33 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
   else
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
-  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream);
+  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
+  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
 }
 
 }  // namespace
 
 namespace detail {
 cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
-                                int n_heads, float* out, cudaStream_t stream) {
+                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh) {
   static_assert(kMaxAttnSplits <= kCombineThreads, "one split per thread");
   return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
-                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out);
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh);
 }
 }  // namespace detail
 
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const float* fresh_k, const float* fresh_v,
+                             const int32_t* rope_pos, const float* rope_inv) {
+  if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): NVFP4 pages run fastest on the tensor cores, f16 pages
   // (memory-bound) on the f32 SIMT kernel
   if (kv.format == KvFormat::NVFP4)
-    return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
-  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
+    return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
+                                        fresh_v, rope_pos, rope_inv);
+  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v,
+                            rope_pos, rope_inv);
 }
 
 namespace detail {

@@ -19,8 +19,20 @@ inline bool attn_shape_ok(const PagedKv& kv, int n_heads, int max_ctx) {
   return G >= 1 && G <= 8;
 }
 
-// Merge the splits' partials ws [n_heads, n_splits, D + 2] into out [n_heads, D].
+// The decode step's own token, unrounded, for the combine (attention_decode's fresh_k / fresh_v):
+// q [n_heads, D] f32 (unscaled), k / v [n_kv, D] f32, sl2 = scale * log2(e), G = n_heads / n_kv;
+// rope_pos / rope_inv (or null): k is not yet rotated, rotate it (rotate-half at rope_pos[0]).
+struct AttnFresh {
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  float sl2 = 0.0f;
+  int G = 1;
+  const int32_t* rope_pos = nullptr;
+  const float* rope_inv = nullptr;
+};
+
+// Merge the splits' partials ws [n_heads, n_splits, D + 2] (the live ones: ceil(ctx_dev / split))
+// and, with fresh.k, the fresh token into out [n_heads, D].
 cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
-                                int n_heads, float* out, cudaStream_t stream);
+                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh = {});
 
 }  // namespace kvdeck::cuda::detail

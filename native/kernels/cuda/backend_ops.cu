@@ -1,7 +1,7 @@
 // backend_ops.cu — the CUDA backend's small ops: embedding rows, residual add, bias, KV-pool
-// writes in the CPU pool's byte layout (the same codec bit for bit), causal attention of M
-// queries over paged KV of any format (prefill; f32-KV decode), argmax, and the decode
-// context length read from the positions array. Contracts: kernels_cuda.h.
+// writes in the CPU pool's byte layout (the same codec bit for bit; nvfp4r / k8v4 rows and the
+// paged attention of M queries are in attention_paged.cu), argmax, and the decode context
+// length read from the positions array. Contracts: kernels_cuda.h.
 #include <cstdint>
 
 #include "common.cuh"
@@ -111,127 +111,6 @@ __global__ void kv_write_kernel(KvFormat fmt, bool f32, uint8_t* __restrict__ kb
 }
 
 // =====================================================================================
-// Paged attention of M queries (causal over the cache; query m sees pos[m] + 1 tokens)
-// =====================================================================================
-// One warp per (query, head[, split]): lane j scores token t0 + j of each 32-token tile
-// against q (shared memory), an online softmax over tiles, then the tile's V rows accumulated
-// with lanes over head_dim (d = lane + 32 e). f32 throughout. Split (ws != null, small M):
-// blockIdx.y owns tokens [y * split_len, (y + 1) * split_len) and writes its partial
-// (acc[D], m, l) to ws[(item * gridDim.y + y) * (D + 2)]; attn_paged_combine_kernel merges.
-
-constexpr int kAttnWarpsPerBlock = 4;
-constexpr int kAttnMaxD = 256;
-
-template <int FMT>  // 0 f32, 1 f16, 2 nvfp4
-__device__ __forceinline__ float kv_elem(const uint8_t* row, int d, int D) {
-  if (FMT == 0) return reinterpret_cast<const float*>(row)[d];
-  if (FMT == 1) return __half2float(reinterpret_cast<const __half*>(row)[d]);
-  const uint8_t c = row[d >> 1];
-  const uint32_t code = (d & 1) ? (c >> 4) : (c & 15u), a = code & 7u;
-  // E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} without a (local-memory) table
-  const float mag = a < 2 ? 0.5f * float(a) : ((a & 1u) ? 1.5f : 1.0f) * float(1u << ((a >> 1) - 1));
-  return ((code & 8u) ? -mag : mag) * e4m3_to_float(row[D / 2 + (d >> 4)]);
-}
-
-template <int FMT, int E>
-__global__ void __launch_bounds__(kAttnWarpsPerBlock * 32)
-attention_paged_kernel(const uint8_t* __restrict__ kb, const uint8_t* __restrict__ vb, const int32_t* __restrict__ pages,
-                       int block, int nkv, int row_bytes, const float* __restrict__ q, int ldq, int M, int nh,
-                       const int32_t* __restrict__ pos, float scale, float* __restrict__ out, int split_len,
-                       float* __restrict__ ws) {
-  constexpr int D = E * 32;
-  __shared__ float qs[kAttnWarpsPerBlock][D];
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int item = blockIdx.x * kAttnWarpsPerBlock + w;
-  if (item >= M * nh) return;
-  const int m = item / nh, h = item % nh, g = h / (nh / nkv);
-  for (int d = lane; d < D; d += 32) qs[w][d] = q[size_t(m) * ldq + size_t(h) * D + d];
-  __syncwarp();
-  const int t_begin = ws ? int(blockIdx.y) * split_len : 0;
-  const int ctx = ws ? min(pos[m] + 1, t_begin + split_len) : pos[m] + 1;
-  float run_m = -INFINITY, run_l = 0.0f, acc[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-  for (int t0 = t_begin; t0 < ctx; t0 += 32) {
-    const int t = t0 + lane;
-    float s = -INFINITY;
-    if (t < ctx) {
-      const size_t slot = size_t(pages[t / block]) * block + t % block;
-      const uint8_t* kr = kb + (slot * nkv + g) * row_bytes;
-      float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot = fmaf(qs[w][d], kv_elem<FMT>(kr, d, D), dot);
-      s = dot * scale;
-    }
-    const float tm = warp_max(s), nm = fmaxf(run_m, tm);
-    const float corr = __expf(run_m - nm);  // run_m = -inf at first: 0
-    const float p = t < ctx ? __expf(s - nm) : 0.0f;
-    run_l = run_l * corr + warp_sum(p);
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] *= corr;
-    run_m = nm;
-    const int n = min(32, ctx - t0);
-    for (int j = 0; j < n; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
-      const int tj = t0 + j;
-      const size_t slot = size_t(pages[tj / block]) * block + tj % block;
-      const uint8_t* vr = vb + (slot * nkv + g) * row_bytes;
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] = fmaf(pj, kv_elem<FMT>(vr, lane + 32 * e, D), acc[e]);
-    }
-  }
-  if (ws) {  // an empty split leaves m = -inf, l = 0
-    float* p = ws + (size_t(item) * gridDim.y + blockIdx.y) * (D + 2);
-#pragma unroll
-    for (int e = 0; e < E; ++e) p[lane + 32 * e] = acc[e];
-    if (lane == 0) p[D] = run_m, p[D + 1] = run_l;
-    return;
-  }
-  const float inv = 1.0f / run_l;
-#pragma unroll
-  for (int e = 0; e < E; ++e) out[size_t(m) * nh * D + size_t(h) * D + lane + 32 * e] = acc[e] * inv;
-}
-
-// One block per (query, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-__global__ void attn_paged_combine_kernel(const float* __restrict__ ws, int splits, int D, float* __restrict__ out) {
-  const float* p = ws + size_t(blockIdx.x) * splits * (D + 2);
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[s * (D + 2) + D]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = p[s * (D + 2) + D];
-      if (ms == -INFINITY) continue;
-      const float c = __expf(ms - mx);
-      num = fmaf(p[s * (D + 2) + d], c, num);
-      den = fmaf(p[s * (D + 2) + D + 1], c, den);
-    }
-    out[size_t(blockIdx.x) * D + d] = num / den;
-  }
-}
-
-template <int FMT>
-cudaError_t launch_paged(int E, dim3 grid, const uint8_t* k, const uint8_t* v, const int32_t* pages, int block,
-                         int nkv, int row_bytes, const float* q, int ldq, int M, int nh, const int32_t* pos,
-                         float scale, float* out, int split_len, float* ws, cudaStream_t st) {
-  const dim3 threads(kAttnWarpsPerBlock * 32);
-#define KVDECK_PAGED_CASE(EE)                                                                                   \
-  case EE:                                                                                                      \
-    attention_paged_kernel<FMT, EE><<<grid, threads, 0, st>>>(k, v, pages, block, nkv, row_bytes, q, ldq, M, nh, \
-                                                              pos, scale, out, split_len, ws);                  \
-    break;
-  switch (E) {
-    KVDECK_PAGED_CASE(1)
-    KVDECK_PAGED_CASE(2)
-    KVDECK_PAGED_CASE(3)
-    KVDECK_PAGED_CASE(4)
-    KVDECK_PAGED_CASE(8)
-    default: return cudaErrorInvalidValue;
-  }
-#undef KVDECK_PAGED_CASE
-  return cudaGetLastError();
-}
-
-// =====================================================================================
 // Argmax (first index of the maximum, as numpy.argmax; NaN never wins)
 // =====================================================================================
 
@@ -312,29 +191,6 @@ cudaError_t kv_write(int format, void* k_pages, void* v_pages, int n_kv, int D, 
   const size_t total = size_t(M) * n_kv * per;
   kv_write_kernel<<<unsigned((total + 127) / 128), 128, 0, stream>>>(
       fmt, f32, static_cast<uint8_t*>(k_pages), static_cast<uint8_t*>(v_pages), k, v, ld, slots, M, n_kv, D, row_bytes);
-  return cudaGetLastError();
-}
-
-cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages, const int32_t* pages, int block,
-                            int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
-                            float scale, float* out, cudaStream_t stream, int max_ctx, float* ws) {
-  if (M < 1 || n_kv < 1 || n_heads % n_kv != 0 || D % 32 != 0 || D > kAttnMaxD || block < 1 || format < 0 || format > 2 ||
-      ldq < n_heads * D)
-    return cudaErrorInvalidValue;
-  const int row_bytes = format == 0 ? 4 * D : format == 1 ? 2 * D : D / 2 + D / 16;
-  const int splits = ws ? paged_attn_splits(max_ctx) : 1, split_len = ws ? paged_attn_split_len(max_ctx) : 0;
-  const dim3 grid(unsigned((size_t(M) * n_heads + kAttnWarpsPerBlock - 1) / kAttnWarpsPerBlock), splits);
-  const auto* k = static_cast<const uint8_t*>(k_pages);
-  const auto* v = static_cast<const uint8_t*>(v_pages);
-  const int E = D / 32;
-  cudaError_t e;
-  switch (format) {
-    case 0: e = launch_paged<0>(E, grid, k, v, pages, block, n_kv, row_bytes, q, ldq, M, n_heads, pos, scale, out, split_len, ws, stream); break;
-    case 1: e = launch_paged<1>(E, grid, k, v, pages, block, n_kv, row_bytes, q, ldq, M, n_heads, pos, scale, out, split_len, ws, stream); break;
-    default: e = launch_paged<2>(E, grid, k, v, pages, block, n_kv, row_bytes, q, ldq, M, n_heads, pos, scale, out, split_len, ws, stream); break;
-  }
-  if (e != cudaSuccess || !ws) return e;
-  attn_paged_combine_kernel<<<M * n_heads, D < 128 ? D : 128, 0, stream>>>(ws, splits, D, out);
   return cudaGetLastError();
 }
 

@@ -164,9 +164,15 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 //   workspace (attn_workspace_floats(n_heads, max_ctx, D) floats).
 //   Supported: D in {64, 128}, block a multiple of 16, n_heads / n_kv in [1, 8], max_ctx <= 524288
 //   (Llama-3-8B 32/8, SmolLM2-135M 9/3).
+//   fresh_k / fresh_v (optional, f32 [n_kv, D]: the step's own K / V rows, unrounded,
+//   Backend::attention_fresh): ctx_dev then counts the pooled tokens read from the pages
+//   (ctx - 1, i.e. pos[0]; it may be 0) and the fresh token is the ctx-th, merged by the
+//   combine kernel with its score in f32. rope_pos / rope_inv (optional): fresh_k is not yet
+//   rotated (rope_kv_write leaves k as it was): rotate-half at rope_pos[0] with inv_freq rope_inv.
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const float* fresh_k = nullptr, const float* fresh_v = nullptr,
+                             const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 
 namespace detail {
 // attention_decode's f32 SIMT kernel for either format (NVFP4 defaults to the tensor cores).
@@ -181,7 +187,9 @@ cudaError_t attention_decode_half_qk(const PagedKv& kv, const float* q, int n_he
 // to f16 (K is exact in f16), O^T += V^T P^T with P rounded to f16, f32 accumulation. Same
 // arguments, workspace and results (to ~5e-4 relative).
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
+                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
+                                 const float* fresh_k = nullptr, const float* fresh_v = nullptr,
+                                 const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 }  // namespace detail
 
 // =====================================================================================
@@ -232,10 +240,18 @@ cudaError_t ctx_from_pos(const int32_t* pos, int32_t* ctx, cudaStream_t stream);
 // 0 f32, 1 f16 (RNE), 2 NVFP4 (the CPU's kv_nvfp4_encode_row, byte for byte). D % 16 == 0.
 cudaError_t kv_write(int format, void* k_pages, void* v_pages, int n_kv, int D, const float* k, const float* v,
                      int ld, const int32_t* slots, int M, cudaStream_t stream);
-// Causal attention of M queries over paged KV of any format (0 f32, 1 f16, 2 NVFP4): query
-// m (q row stride ldq) attends to tokens [0, pos[m]] (pos: device i32 [M]); out f32
-// [M, n_heads*D] packed. One warp per (query, head), f32 online softmax. D % 32 == 0, D <= 256.
-// The prefill path and the f32-KV decode path (attention_decode covers f16 / NVFP4 decode).
+// nvfp4r (format 3) / k8v4 (format 4) rows (kv_pool.h), byte for byte the CPU's
+// kv_nvfp4r_encode_row / kv_int8_encode_row (attention_paged.cu). D % 16 == 0.
+cudaError_t kv_write_q(int format, void* k_pages, void* v_pages, int n_kv, int D, const float* k, const float* v,
+                       int ld, const int32_t* slots, int M, cudaStream_t stream);
+// Causal attention of M queries over paged KV of any pool format (0 f32, 1 f16, 2 NVFP4,
+// 3 NVFP4R, 4 K8V4; attention_paged.cu): query m (q row stride ldq) attends to tokens
+// [0, pos[m]] (pos: device i32 [M]); out f32 [M, n_heads*D] packed. One warp per (query,
+// head), f32 online softmax, rows decoded as the CPU's kv_decode_row. D % 32 == 0, D <= 256.
+// The prefill path, the f32 / NVFP4R / K8V4 decode path (attention_decode covers f16 / NVFP4
+// decode). fresh_k / fresh_v (optional, f32 [M, n_kv*D], row stride fresh_ld): tokens
+// t >= pos[0] (the chunk's own) are read from row t - pos[0] of these instead of the pages
+// (Backend::attention_fresh).
 // ws (optional, for small M: decode over f32 KV): split the sequence into
 // paged_attn_splits(max_ctx) pieces of paged_attn_split_len(max_ctx) tokens (max_ctx >= every
 // pos[m] + 1), one warp each, merged by a second kernel; ws holds
@@ -250,9 +266,26 @@ inline size_t paged_attn_ws_floats(int M, int n_heads, int max_ctx, int D) {
 }
 cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages, const int32_t* pages, int block,
                             int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
-                            float scale, float* out, cudaStream_t stream, int max_ctx = 0, float* ws = nullptr);
+                            float scale, float* out, cudaStream_t stream, int max_ctx = 0, float* ws = nullptr,
+                            const float* fresh_k = nullptr, const float* fresh_v = nullptr, int fresh_ld = 0);
 // out[0] = the first index of max(x[0..n)) (numpy.argmax), one block.
 cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
+
+// ---- the next token on the device (sampling.cu; Backend::sample) ----
+struct SampleArgs {
+  float temperature = 0.0f;  // <= 0: greedy
+  int top_k = 0;             // 0: no limit
+  float top_p = 1.0f;        // (0, 1]
+  double u = 0.0;            // the CPU Sampler's draw, [0, 1)
+};
+// Device workspace sample_token needs for V logits (bytes).
+size_t sample_workspace_bytes(int V);
+// out[0] = sample_with_uniform's id (sampler.h) over logits [V] with the tokens whose bit is
+// clear in mask (u32 [ceil(V / 32)], null: none) as -inf; greedy: the first index of the
+// allowed maximum, no workspace. The same id as the CPU except where the draw or the top_p
+// cut lands within ~1e-13 relative of a boundary (double sums in another order; see the file).
+cudaError_t sample_token(const float* logits, int V, const uint32_t* mask, const SampleArgs& args, void* ws,
+                         size_t ws_bytes, int32_t* out, cudaStream_t stream);
 
 // ---- fused decode-step kernels (fused.cu; launched with PDL on sm_90+) ----
 // x[r] += y[r] (y may be null), h[r] = x[r] / rms(x[r]) * w (h may equal x), and, when q is

@@ -1,0 +1,53 @@
+"""Decode attention through the CUDA backend, every KV pool format, with and without the step's
+own row unrounded (attention_fresh): µs per layer, KV GB/s, time over f16's at the same context.
+
+    python3 native/kernels/cuda/bench/attn_formats.py [--ctx 4096,16384,32768] [--reps 7]
+
+One layer of Llama-3-8B (32 q heads, 8 KV heads, D 128, pages of 16) through
+BackendOps.attention_timing: `layers` pools, each its own memory (>= 256 MB of KV in all, past
+the 60 MB L2), one attention per layer a pass, host-timed around a sync; the best of the
+passes over layers. Launch-inclusive (each layer is 2-3 launches), so the kernel bench
+(run_bench.py, CUDA graphs) reads slightly lower for the same kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.engine import _native
+
+def kv_bytes(kv: str, D: int) -> int:
+    """A token's K row + V row of one KV head (kv_pool.h)."""
+    nv = D // 2 + D // 16
+    return {"f32": 8 * D, "f16": 4 * D, "nvfp4": 2 * nv, "nvfp4r": 2 * (nv + 2), "k8v4": D + 2 + nv + 2}[kv]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", default="4096,16384,32768")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--formats", default="f16,nvfp4,nvfp4r,k8v4")
+    a = ap.parse_args()
+    ops = _native.BackendOps("cuda", 0)
+    nh, nkv, D = 32, 8, 128
+    print(f"{'kv':<8}{'fresh':<7}{'ctx':>7} {'us/layer':>9} {'GB/s':>7} {'x f16':>6}")
+    for ctx in (int(c) for c in a.ctx.split(",")):
+        base = None
+        for kv in a.formats.split(","):
+            for fresh in (False, True):
+                if fresh and kv == "f16":
+                    continue
+                per_layer = ctx * nkv * kv_bytes(kv, D)
+                layers = max(2, min(64, (256 << 20) // per_layer + 1))
+                secs, _ = ops.attention_timing(nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers, repeat=a.reps,
+                                               fresh=fresh)
+                us = min(secs) / layers * 1e6
+                if kv == "f16":
+                    base = us
+                print(f"{kv:<8}{'yes' if fresh else 'no':<7}{ctx:>7} {us:>9.1f} {per_layer / us / 1e3:>7.0f} "
+                      f"{us / base if base else float('nan'):>6.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
