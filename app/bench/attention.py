@@ -42,7 +42,9 @@ def step_bytes(kv: str, ctx: int, nkv: int, D: int, layers: int) -> int:
 
 def validate(kv: str) -> float:
     """Max error of the backend's decode and prefill attention against float64 (relative to
-    max |v|) on the values the pool stores; raises when above 1e-4."""
+    max |v|) on the values the pool stores; raises when above 1e-4. Where decode scores nvfp4
+    pages with int8 q (kernels.attention_scores_int8), its reference takes q as rounded there
+    (int8 per 16 values, d = amax/127)."""
     from app.engine import _native
 
     rng = np.random.default_rng(1)
@@ -59,11 +61,16 @@ def validate(kv: str) -> float:
     worst = 0.0
     for p, m in ((p0 + M - 1, 1), (p0, M)):  # one decode step, one prefill tile
         out = ops.attention(q[-m:], k[:p + m], v[:p + m], p, kv)
+        qr = q[-m:].astype(np.float64)
+        if m == 1 and _native.kernels.attention_scores_int8(kv, D):
+            x = q[-m:].reshape(m, -1, 16)
+            amax = np.abs(x).max(axis=2, keepdims=True)
+            qr = (np.rint(x * (np.float32(127) / amax)) * (amax / np.float32(127)).astype(np.float64)).reshape(m, -1)
         for i in range(m):
             c = p + i + 1
             for h in range(nh):
                 g = h // (nh // nkv)
-                s = kd[:c, g] @ q[-m + i, h * D:(h + 1) * D].astype(np.float64) / np.sqrt(D)
+                s = kd[:c, g] @ qr[i, h * D:(h + 1) * D] / np.sqrt(D)
                 w = np.exp(s - s.max())
                 ref = (w / w.sum()) @ vd[:c, g]
                 worst = max(worst, float(np.abs(out[i, h * D:(h + 1) * D] - ref).max() / np.abs(v).max()))

@@ -240,6 +240,13 @@ void bind_kernels(py::module_& m) {
         py::kw_only(), py::arg("g") = 0, py::arg("ctx"), py::arg("ref") = false,
         "Causal attention of one query (q f32 [G, D], the heads of KV head g) over ctx tokens of\n"
         "paged k, v (f32|f16 [n_pages, block, nkv, D]); ref=True runs the portable kernel.");
+  k.def("attention_scores_int8", [](const std::string& kv, int D, int block) {
+          cpu::KvView v;
+          v.dtype = kv == "nvfp4" ? KvDType::NVFP4 : kv == "f16" ? KvDType::F16 : KvDType::F32;
+          v.D = D, v.block = block;
+          return cpu::attention_scores_int8(v);
+        }, py::arg("kv"), py::arg("D"), py::arg("block") = 16,
+        "Whether decode attention over pages of this format scores with int8 q (ops_cpu.h).");
   k.def("kernel_isa", []() { return std::string(kernel_isa()); });
   k.def("set_kernel_isa", [](const std::string& name) { return set_kernel_isa(name.c_str()); },
         py::arg("name"));

@@ -161,6 +161,23 @@ inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, 
     }
 }
 
+// ============================================================================
+// NVFP4 pages without widening K (attention_nvfp4_avx2.cpp; D = 64 or 128)
+// ============================================================================
+// q of G heads [G, D] -> q8 [G, D/64, 64] (per 64-value chunk: its 32 even values, then its
+// 32 odd ones; int8 per block of 16, d = amax/127) and qs [G, D/64, 8], the factors
+// d_b · 0.5 · scale in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3].
+void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs);
+// The E4M3 block scales of n rows (token stride ts bytes) as f32 ks [D/64, n8, 4], n8 = n
+// rounded up to 8 (rows >= n: 0); NaN codes read as 0.
+void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks);
+// S[h*64 + j] = s_j for the n keys at k (stride ts), j < n rounded up to 8 (keys >= n score 0):
+// the integer-dot score of attention_nvfp4_avx2.cpp's header. ks from nvfp4_page_scales.
+void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
+                       const float* ks, float* S);
+// n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row.
+void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile);
+
 // Prefetch a whole page (every head, K and V) into L2: pages are scattered in the pool, so the
 // hardware's stream prefetcher cannot see the next one coming.
 inline void prefetch_page(const KvView& kv, int page) {
