@@ -220,5 +220,6 @@ def test_bench_attention_validates_and_counts_the_bytes_a_step_reads():
         assert bench.validate(kv) < 1e-4
     assert bench.step_bytes("f16", 2048, 3, 64, 30) == 2 * 2048 * 3 * 128 * 30
     assert bench.step_bytes("nvfp4", 2048, 3, 64, 30) == 2 * 2048 * 3 * 36 * 30
+    assert bench.copy_bandwidth(2, nbytes=8 << 20, reps=1) > 1e8  # the 2-thread roofline's copy
     secs, out = _native.BackendOps("cpu", 1).attention_timing(9, 3, 64, 99, 1, kv="nvfp4", layers=2, repeat=2)
     assert len(secs) == 2 and all(s > 0 for s in secs) and out.shape == (1, 576) and np.isfinite(out).all()

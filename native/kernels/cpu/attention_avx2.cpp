@@ -26,33 +26,11 @@
 
 namespace kvdeck::cpu {
 namespace {
+using attn_avx2::dot4;
 using attn_avx2::load8;
 using attn_avx2::page_rows;
 using attn_avx2::pv_rows;
 using attn_avx2::softmax_update;
-
-// Scores of 4 keys for up to 3 query heads (HB) sharing the K loads: lane j of out[h] =
-// scale·(q_h · k_j), summed as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) over the 8 lanes of the
-// FMA chains q[8c+l]·k[8c+l] (c ascending): the order of the prefill kernel.
-template <int D, int HB, typename T>
-inline void dot4(const float* q, const T* k, size_t ks, float scale, float* out /*[HB][64] at key j0*/) {
-  __m256 a[HB][4];
-  for (int h = 0; h < HB; ++h)
-    for (int j = 0; j < 4; ++j) a[h][j] = _mm256_setzero_ps();
-  for (int c = 0; c < D; c += 8) {
-    __m256 kc[4];
-    for (int j = 0; j < 4; ++j) kc[j] = load8(k + j * ks + c);
-    for (int h = 0; h < HB; ++h) {
-      const __m256 qc = _mm256_loadu_ps(q + h * D + c);
-      for (int j = 0; j < 4; ++j) a[h][j] = _mm256_fmadd_ps(qc, kc[j], a[h][j]);
-    }
-  }
-  for (int h = 0; h < HB; ++h) {
-    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
-    const __m128 sc = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-    _mm_storeu_ps(out + h * 64, _mm_mul_ps(sc, _mm_set1_ps(scale)));
-  }
-}
 
 // The online softmax update of the G heads' scores S of one page (n keys; S[h*64 + j] for j
 // >= n masked here), then o = o·alpha + Σ p_t v_t up to three heads at a time (each V load feeds their FMAs).
@@ -97,7 +75,7 @@ void page_group(const float* q, int G, const T* K, size_t ks, const T* V, size_t
     }
     for (int h0 = 0; h0 < G; h0 += 3) {
       float* out = S + h0 * 64 + j0;
-      const float* qh = q + size_t(h0) * D;
+      const float* qh[3] = {q + size_t(h0) * D, q + size_t(h0 + 1) * D, q + size_t(h0 + 2) * D};
       switch (G - h0 < 3 ? G - h0 : 3) {
         case 3: kf ? dot4<D, 3>(qh, kf, D, scale, out) : dot4<D, 3>(qh, kr, ks, scale, out); break;
         case 2: kf ? dot4<D, 2>(qh, kf, D, scale, out) : dot4<D, 2>(qh, kr, ks, scale, out); break;
