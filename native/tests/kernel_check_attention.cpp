@@ -72,7 +72,8 @@ void check_rows() {
 // decode scores nvfp4 pages with int8 q (cpu::attention_scores_int8: AVX2), its float64
 // reference takes q as the kernel rounds it (int8 per 16 values, d = amax/127), and the
 // stated bound against the exact q (and the f32-scored prefill tile) is 5e-3 (v ~ N(0, 1):
-// measured ~2.5e-3). Every 7th row is scaled by 0.01 (subnormal E4M3 block scales).
+// measured ~2.5e-3). Every 7th row is scaled by 0.01 (subnormal E4M3 block scales); every 11th
+// nvfp4 row has a NaN block scale (0x7F in K, 0xFF in V), which every path reads as 0.
 namespace {
 void check_attention_paths(int D, int G) {
   const int block = 16, nkv = 2, ctx = 300, n_pages = (ctx + block - 1) / block, M = 20;
@@ -93,6 +94,7 @@ void check_attention_paths(int D, int G) {
           cpu::f16_to_f32_row(reinterpret_cast<const uint16_t*>(row), back, D);
         } else {
           cpu::kv_nvfp4_encode_row(x, D, row);
+          if (r % 11 == 5) row[D / 2 + 1] = pass ? 0xFF : 0x7F;  // NaN block scales read as 0
           cpu::kv_nvfp4_decode_row(row, D, back);
         }
       }
