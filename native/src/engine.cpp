@@ -88,11 +88,11 @@ Engine::Engine(ModelConfig config, EngineOptions options)
     throw std::invalid_argument("model config: num_attention_heads must be a multiple of num_key_value_heads");
   if (c.head_dim % 2 != 0 || int(c.rope_inv_freq.size()) != c.head_dim / 2)
     throw std::invalid_argument("model config: rope_inv_freq must have head_dim/2 entries");
+  if (options_.act_bits == 16 && options_.backend != "cpu")  // the CUDA kernels read int8 activations only
+    throw std::invalid_argument("engine option activations = \"a16\" is not supported on the " + options_.backend +
+                                " backend (its kernels read 8-bit activations); use activations = \"a8\"");
   backend_ = make_backend(options_.backend, options_.threads);
   backend_name_ = backend_->name();
-  if (options_.act_bits == 16 && backend_name_ != "cpu")  // the CUDA kernels read int8 activations only
-    throw std::invalid_argument("engine option activations = \"a16\" is not supported on the " + backend_name_ +
-                                " backend (its kernels read 8-bit activations); use activations = \"a8\"");
   threads_ = backend_->threads();
   const int B = options_.kv_block;
   int n_pages = options_.kv_pages;

@@ -149,3 +149,24 @@ def test_formats_without_an_a16_kernel_refuse():
         with pytest.raises(ValueError, match="activations a16: weights of format nvfp4"):
             K_.gemm("nvfp4", codes, x, scales=np.full((8, 4), 0x38, np.uint8), act_bits=16)
     K_.set_kernel_isa(ISAS[-1] if "avx2" not in ISAS else "avx2")
+
+
+# ============================================================================
+# The engine option
+# ============================================================================
+def test_engine_option_is_validated(root):
+    from app.engine import EngineError, load_engine
+
+    with pytest.raises(EngineError, match="activations = 'a12' is not supported \\(auto, a8, a16\\)"):
+        load_engine(root, weights="gguf", activations="a12")
+    with pytest.raises(EngineError, match="self_attn.q_proj is nvfp4, which has no kernel for activations = \"a16\""):
+        load_engine(root, weights="nvfp4", activations="a16")
+    assert load_engine(root, weights="nvfp4").native.activations == "a8"  # auto: a8 off gguf
+    assert load_engine(root, weights="w4a8", activations="a16").native.activations == "a16"
+
+
+def test_cuda_backend_refuses_a16():
+    cfg = {"hidden": 64, "intermediate": 128, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32,
+           "vocab": 256, "rms_eps": 1e-5, "attn_bias": False, "qk_norm": False, "rope_inv_freq": [1.0] * 16}
+    with pytest.raises(ValueError, match="activations = \"a16\" is not supported on the cuda backend"):
+        _native.Engine(cfg, {"backend": "cuda", "activations": "a16"})
