@@ -61,7 +61,7 @@ def _load(args):
     s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads,
                       device=getattr(args, "device", None)).engine
     return load_engine(s.model, weights=s.weights, kv=s.kv, threads=s.threads or None, device=s.device,
-                       **_pool(s, getattr(args, "kv_pages", None)))
+                       activations=s.activations, **_pool(s, getattr(args, "kv_pages", None)))
 
 
 def _sampling(args):
@@ -251,7 +251,7 @@ def _console_builder(args, writer=None):
                           device=getattr(args, "device", None))
         progress(f"loading {s.engine.model}: {s.engine.weights} weights, {s.engine.kv} KV", 0.1)
         eng = load_engine(s.engine.model, weights=s.engine.weights, kv=s.engine.kv, threads=s.engine.threads or None,
-                          device=s.engine.device,
+                          device=s.engine.device, activations=s.engine.activations,
                           **_pool(s.engine, opts.kv_pages or None))
         progress("building the agent and its tools", 0.8)
         sid = ""

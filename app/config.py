@@ -8,6 +8,8 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     kv = "f32"                # f32 | f16
     threads = 0               # 0: all cores
     device = "cpu"            # cpu | cuda (a build with the CUDA backend, on a machine with a GPU)
+    activations = "auto"      # auto | a8 | a16: activations of the integer matmuls; auto = a16 for gguf
+                              # weights on the CPU (top-1 0.999 vs f32 instead of 0.961), a8 otherwise
     max_context = 0           # KV pool sizing in tokens; 0: the model's context (one whole session)
     kv_mib = 512.0            # KV memory budget (MiB): the pool is the smaller of max_context and this; 0: none
 
@@ -50,6 +52,7 @@ class EngineSettings:
     kv: str = "f32"
     threads: int = 0
     device: str = "cpu"  # the engine's backend: cpu | cuda
+    activations: str = "auto"  # auto | a8 | a16 (app/engine/loader.py ACTIVATIONS)
     max_context: int = 0  # KV pool in tokens; 0: the model's context
     kv_mib: float = 512.0  # KV memory budget; the pool is the smaller of the two (0: no budget)
 

@@ -2,6 +2,8 @@
 the weight formats of the default model side by side: folder MB, decode tok/s, and top-1
 agreement and perplexity against the f32 engine on the evaluation texts.
 
+  * a format may name its activations: `gguf@a8` is the gguf folder with 8-bit activations
+    (default: the engine's "auto", a16 for gguf, a8 otherwise).
   * folder MB: the files of <root>/<format>/ (config, safetensors, tokenizer), 10^6 bytes.
   * decode tok/s: 64 one-token calls after a 32-token context (fixed-seed ids, KV f16, all
     cores unless --threads), the formats interleaved (A B C, A B C, ...), best of --reps.
@@ -116,11 +118,13 @@ def run(argv: list[str]) -> int:
 
     root = Path(a.root) if a.root else WEIGHTS_DIR / MODEL
     ref_root = Path(a.ref_root) if a.ref_root else root
-    folders = {}  # label -> folder: "nvfp4" is <root>/nvfp4, "label=PATH" a folder anywhere
+    folders, acts = {}, {}  # label -> folder: "nvfp4" is <root>/nvfp4, "label=PATH" a folder anywhere
     for item in (f.strip() for f in a.formats.split(",")):
         if item:
             label, _, path = item.partition("=")
-            folders[label] = Path(path) if path else root / label
+            name, _, act = label.partition("@")  # "gguf@a8": activations a8
+            folders[label] = Path(path) if path else root / name
+            acts[label] = act or "auto"
     fmts = list(folders)
     reps = 2 if a.quick else a.reps
     names = TEXTS[:1] if a.quick else TEXTS
@@ -131,11 +135,12 @@ def run(argv: list[str]) -> int:
     rows: dict[str, dict] = {}
     engines = {}
     for f in fmts:
-        e = load_engine(folders[f], kv="f32", threads=a.threads or None)
-        rows[f] = {"folder_mb": folder_mb(folders[f]), "recipe": _recipe(folders[f]),
+        e = load_engine(folders[f], kv="f32", threads=a.threads or None, activations=acts[f])
+        rows[f] = {"folder_mb": folder_mb(folders[f]), "recipe": _recipe(folders[f]), "activations": e.native.activations,
                    "accuracy": accuracy({n: e.logits(ids) for n, ids in texts.items()}, ref, texts)}
         del e
-        engines[f] = load_engine(folders[f], kv="f16", threads=a.threads or None, max_context=256)
+        engines[f] = load_engine(folders[f], kv="f16", threads=a.threads or None, max_context=256,
+                                 activations=acts[f])
     load0 = os.getloadavg()[0]
     rates = decode_rates(engines, reps)
     load1 = os.getloadavg()[0]

@@ -71,7 +71,9 @@ class KvdeckRunner:
         from app.engine import _native, load_engine
 
         self.name, self.fmt, self.ids = f"kvdeck {fmt}", fmt, ids
-        self.engine = load_engine(MODEL, weights=fmt, kv=KV, threads=threads, max_context=n_ctx)
+        weights, _, act = fmt.partition("@")  # "gguf@a8": the gguf folder with 8-bit activations
+        self.engine = load_engine(MODEL, weights=weights, kv=KV, threads=threads, max_context=n_ctx,
+                                  activations=act or "auto")
         self.nat = self.engine.native
         self.isa = _native.kernels.kernel_isa()
 

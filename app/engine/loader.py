@@ -25,6 +25,10 @@ FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: the GGUF source's own blocks
 KV_FORMATS = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
+# Activations of the integer matmuls (kernels.h ActQ8): a8 int8 per 32 values, a16 int16 per 32
+# (W4A8 / W8A8 weights, CPU backend). "auto": a16 for the exact GGUF import on the CPU (its
+# weights are the source's own, so the activations' rounding is what is left), a8 otherwise.
+ACTIVATIONS = ("auto", "a8", "a16")
 # Bytes per K/V value at head_dim 64 (docs/ENGINE.md, KV formats): nvfp4 (32 + 4) / 64, nvfp4r
 # (32 + 4 + 2) / 64, k8v4 K (64 + 2) and V nvfp4r (38) per 2 x 64 values. kv_bytes_per_token is exact.
 KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625, "nvfp4r": 0.59375, "k8v4": 0.8125}
@@ -231,6 +235,13 @@ def check_options(*, threads, kv_pages, max_context, kv_mib, kv_block, max_chunk
     need(is_int(max_chunk) and 1 <= max_chunk <= 16384, "max_chunk", max_chunk, "1..16384 tokens")
 
 
+def resolve_activations(activations: str, weight_format: str, device: str) -> str:
+    """"auto" -> a16 for gguf folders on the CPU, else a8; "a8" / "a16" as given."""
+    if activations != "auto":
+        return activations
+    return "a16" if weight_format == "gguf" and device == "cpu" else "a8"
+
+
 def load_engine(
     path: str | os.PathLike,
     weights: str | None = None,
@@ -243,6 +254,7 @@ def load_engine(
     kv_block: int = 16,
     max_chunk: int = 512,
     device: str = "cpu",
+    activations: str = "auto",
 ) -> Engine:
     """Load a model folder onto a backend (`device`: "cpu", or "cuda" where built and a GPU is
     present). See module docstring for `path`.
@@ -252,6 +264,8 @@ def load_engine(
     """
     if kv not in KV_FORMATS:
         raise EngineError(f"kv format '{kv}' is not supported ({', '.join(KV_FORMATS)})")
+    if activations not in ACTIVATIONS:
+        raise EngineError(f"engine option activations = {activations!r} is not supported ({', '.join(ACTIVATIONS)})")
     check_options(threads=threads, kv_pages=kv_pages, max_context=max_context, kv_mib=kv_mib,
                   kv_block=kv_block, max_chunk=max_chunk)
     folder = resolve_model_dir(path, weights)
@@ -287,11 +301,12 @@ def load_engine(
         "prefix_cache": prefix_cache,
         "kv_block": kv_block,
         "max_chunk": max_chunk,
+        "activations": resolve_activations(activations, cfg.weight_format, device),
     }
     try:
         native = _native.Engine(native_cfg, options)
     except ValueError as e:
-        if device != "cpu" and "not available in this build" in str(e):
+        if device != "cpu" and ("not available in this build" in str(e) or "activations" in str(e)):
             raise EngineError(f"device {device!r}: {e}") from None
         raise EngineError(f"{folder / 'model.safetensors'}: {e}") from None
     except RuntimeError as e:  # "no CUDA device: <the driver's reason>"

@@ -59,6 +59,10 @@ EngineOptions options_from(const py::dict& d) {
   o.max_context = get_or<int>(d, "max_context", o.max_context);
   o.max_chunk = get_or<int>(d, "max_chunk", o.max_chunk);
   o.prefix_cache = get_or<bool>(d, "prefix_cache", o.prefix_cache);
+  const std::string act = get_or<std::string>(d, "activations", "a8");
+  if (act != "a8" && act != "a16")
+    throw std::invalid_argument("engine option activations = '" + act + "' is not supported (a8, a16)");
+  o.act_bits = act == "a16" ? 16 : 8;
   return o;
 }
 
@@ -257,7 +261,8 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("kv_free_pages", [](const Engine& e) { return e.snapshot().free_pages; })
       .def_property_readonly("kv_used_pages", [](const Engine& e) { return e.snapshot().used_pages; })
       .def_property_readonly("kv_bytes_per_token", [](const Engine& e) { return e.snapshot().bytes_per_token; })
-      .def_property_readonly("kv_format", [](const Engine& e) { return std::string(kv_dtype_name(e.kv_dtype())); });
+      .def_property_readonly("kv_format", [](const Engine& e) { return std::string(kv_dtype_name(e.kv_dtype())); })
+      .def_property_readonly("activations", [](const Engine& e) { return std::string(e.act_bits() == 16 ? "a16" : "a8"); });
 
   py::class_<Sampler>(m, "Sampler")
       .def(py::init<uint64_t>(), py::arg("seed") = 0)

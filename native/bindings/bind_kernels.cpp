@@ -37,19 +37,23 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument(msg);
 }
 
-// (q int8 [M,Kp], d f32 [M,Kp/32], s int32 [M,Kp/32]) from x f32 [M,K].
-py::tuple py_quantize(const Arr<float>& x) {
+// (q int8 [M,Kp], d f32 [M,Kp/32], s int32 [M,Kp/32]) from x f32 [M,K]; bits 16: q int16.
+py::tuple py_quantize(const Arr<float>& x, int bits) {
   require(x.ndim() == 2, "x must be 2-D [M, K]");
+  require(bits == 8 || bits == 16, "bits must be 8 or 16");
   const int M = int(x.shape(0)), K = int(x.shape(1)), Kp = round_up(K, kQ8Block);
-  py::array_t<int8_t> q({M, Kp});
+  py::array_t<int8_t> q(bits == 8 ? std::vector<py::ssize_t>{M, Kp} : std::vector<py::ssize_t>{0, 0});
+  py::array_t<int16_t> q16(bits == 16 ? std::vector<py::ssize_t>{M, Kp} : std::vector<py::ssize_t>{0, 0});
   py::array_t<float> d({M, Kp / kQ8Block});
   py::array_t<int32_t> s({M, Kp / kQ8Block});
-  ActQ8 a{M, Kp, q.mutable_data(), d.mutable_data(), s.mutable_data()};
+  ActQ8 a{M, Kp, bits == 8 ? q.mutable_data() : nullptr, d.mutable_data(), s.mutable_data(),
+          bits == 16 ? q16.mutable_data() : nullptr};
   const float* xp = x.data();
   {
     py::gil_scoped_release nogil;
     quantize_act_q8(xp, M, K, a);
   }
+  if (bits == 16) return py::make_tuple(q16, d, s);
   return py::make_tuple(q, d, s);
 }
 
@@ -61,7 +65,8 @@ py::tuple py_quantize(const Arr<float>& x) {
 py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<float>& x,
                            std::optional<py::array> scales, float tscale, int n0,
                            std::optional<int> n1_opt, std::optional<int> ldy_opt, int repeat,
-                           std::optional<py::array> mins, const std::string& layout) {
+                           std::optional<py::array> mins, const std::string& layout, int act_bits) {
+  require(act_bits == 8 || act_bits == 16, "act_bits must be 8 or 16");
   WeightView w;
   w.dtype = parse_dtype(dtype);
   require(x.ndim() == 2, "x must be 2-D [M, K]");
@@ -157,11 +162,13 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
     std::vector<int8_t> q;
     std::vector<float> d;
     std::vector<int32_t> s;
+    std::vector<int16_t> q16;
     ActQ8 a;
     if (quantised) {
       const int Kp = w.Kp;
       q.resize(size_t(M) * Kp), d.resize(size_t(M) * Kp / kQ8Block), s.resize(d.size());
       a = ActQ8{M, Kp, q.data(), d.data(), s.data()};
+      if (act_bits == 16) q16.resize(size_t(M) * Kp), a.q16 = q16.data();
       quantize_act_q8(xp, M, K, a);
     }
     for (int r = 0; r < std::max(1, repeat); ++r)
@@ -211,16 +218,18 @@ py::array_t<float> py_attention(const py::array& q, const py::array& k, const py
 
 void bind_kernels(py::module_& m) {
   py::module_ k = m.def_submodule("kernels", "CPU compute kernels (kvdeck/kernels.h)");
-  k.def("quantize_act_q8", &py_quantize, py::arg("x"),
-        "x f32 [M,K] -> (q int8 [M,Kp], d f32 [M,Kp/32], s int32 [M,Kp/32])");
+  k.def("quantize_act_q8", &py_quantize, py::arg("x"), py::kw_only(), py::arg("bits") = 8,
+        "x f32 [M,K] -> (q int8 [M,Kp], d f32 [M,Kp/32], s int32 [M,Kp/32]); bits=16: q int16\n"
+        "(16-bit activations, d = amax / 32767).");
   k.def("gemm", &py_gemm, py::arg("dtype"), py::arg("data"), py::arg("x"), py::kw_only(),
         py::arg("scales") = py::none(), py::arg("tscale") = 1.0f, py::arg("n0") = 0,
         py::arg("n1") = py::none(), py::arg("ldy") = py::none(), py::arg("repeat") = 1,
-        py::arg("mins") = py::none(), py::arg("layout") = "file",
+        py::arg("mins") = py::none(), py::arg("layout") = "file", py::arg("act_bits") = 8,
         "y[m, n] = sum_k x[m,k] W[n,k] for n in [n0, n1): f32 [M, ldy], other columns 0.\n"
         "dtype f32|f16|nvfp4|w4a8|w8a8 (w4a8 with mins f16 [N, Kp/32]: GGUF Q4_1); quantised\n"
         "formats quantise x with quantize_act_q8. layout='nvfp4_x4': nvfp4 data/scales from\n"
-        "repack_nvfp4_x4 (what the CPU backend does at load, in place).");
+        "repack_nvfp4_x4 (what the CPU backend does at load, in place). act_bits=16: 16-bit\n"
+        "activations (w4a8 with group a multiple of 32, w8a8; other formats raise ValueError).");
   k.def("repack_nvfp4_x4", [](const Arr<uint8_t>& codes, const Arr<uint8_t>& scales) {
           require(codes.ndim() == 2 && scales.ndim() == 2 && codes.shape(0) == scales.shape(0) &&
                       codes.shape(1) * 2 % kQuantPad == 0 && scales.shape(1) * kNvfp4Block == codes.shape(1) * 2,
@@ -240,6 +249,13 @@ void bind_kernels(py::module_& m) {
         py::kw_only(), py::arg("g") = 0, py::arg("ctx"), py::arg("ref") = false,
         "Causal attention of one query (q f32 [G, D], the heads of KV head g) over ctx tokens of\n"
         "paged k, v (f32|f16 [n_pages, block, nkv, D]); ref=True runs the portable kernel.");
+  k.def("attention_scores_int8", [](const std::string& kv, int D, int block) {
+          cpu::KvView v;
+          v.dtype = kv == "nvfp4" ? KvDType::NVFP4 : kv == "f16" ? KvDType::F16 : KvDType::F32;
+          v.D = D, v.block = block;
+          return cpu::attention_scores_int8(v);
+        }, py::arg("kv"), py::arg("D"), py::arg("block") = 16,
+        "Whether decode attention over pages of this format scores with int8 q (ops_cpu.h).");
   k.def("kernel_isa", []() { return std::string(kernel_isa()); });
   k.def("set_kernel_isa", [](const std::string& name) { return set_kernel_isa(name.c_str()); },
         py::arg("name"));

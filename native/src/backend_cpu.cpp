@@ -255,8 +255,8 @@ class CpuBackend final : public Backend {
                        pool.block(), nkv, D, ws_pages_.data()};
     }
     const int seg = cpu::attn_segment(pool.block()), S = (ctx + seg - 1) / seg;
-    if (M == 1 && S > 1) {
-      // Decode over a long context: one task per segment walks its pages once for every KV
+    if (M == 1) {
+      // Decode: one task per segment walks its pages once for every KV
       // head (contiguous reads; the next page prefetched), or per (segment, KV head) when
       // there are too few segments to keep the threads busy. The partials are combined in
       // segment order, as attention_query does.

@@ -23,7 +23,7 @@ struct Engine::Scratch {
   QuantScratch xq;
   int logit_rows, max_pages;
 
-  Scratch(Backend& b, const ModelConfig& c, int M, int max_pages_)
+  Scratch(Backend& b, const ModelConfig& c, int M, int max_pages_, int act_bits)
       : be(b), rows(M), max_pages(max_pages_) {
     const size_t H = c.hidden, F = c.intermediate, QD = size_t(c.n_heads) * c.head_dim,
                  KD = size_t(c.n_kv_heads) * c.head_dim;
@@ -51,6 +51,7 @@ struct Engine::Scratch {
     xq.act.q = static_cast<int8_t*>(alloc(size_t(M) * Kmax));
     xq.act.d = static_cast<float*>(alloc(sizeof(float) * M * (Kmax / kQ8Block)));
     xq.act.s = static_cast<int32_t*>(alloc(sizeof(int32_t) * M * (Kmax / kQ8Block)));
+    if (act_bits == 16) xq.act.q16 = static_cast<int16_t*>(alloc(sizeof(int16_t) * M * Kmax));  // a16
   }
   ~Scratch() {
     for (void* p : bufs) be.free(p);
@@ -75,6 +76,7 @@ void validate(const EngineOptions& o) {
   if (o.kv_pages < 0) bad("kv_pages", o.kv_pages, "0 for max_context / kv_block, or >= 1 page");
   if (o.max_context < 1) bad("max_context", o.max_context, ">= 1 token");
   if (o.max_chunk < 1 || o.max_chunk > 16384) bad("max_chunk", o.max_chunk, "1..16384 tokens");
+  if (o.act_bits != 8 && o.act_bits != 16) bad("act_bits", o.act_bits, "8 (activations a8) or 16 (a16)");
 }
 
 Engine::Engine(ModelConfig config, EngineOptions options)
@@ -88,6 +90,9 @@ Engine::Engine(ModelConfig config, EngineOptions options)
     throw std::invalid_argument("model config: num_attention_heads must be a multiple of num_key_value_heads");
   if (c.head_dim % 2 != 0 || int(c.rope_inv_freq.size()) != c.head_dim / 2)
     throw std::invalid_argument("model config: rope_inv_freq must have head_dim/2 entries");
+  if (options_.act_bits == 16 && options_.backend != "cpu")  // the CUDA kernels read int8 activations only
+    throw std::invalid_argument("engine option activations = \"a16\" is not supported on the " + options_.backend +
+                                " backend (its kernels read 8-bit activations); use activations = \"a8\"");
   backend_ = make_backend(options_.backend, options_.threads);
   backend_name_ = backend_->name();
   threads_ = backend_->threads();
@@ -97,7 +102,7 @@ Engine::Engine(ModelConfig config, EngineOptions options)
   pool_ = std::make_unique<KvPool>(*backend_, c.n_layers, c.n_kv_heads, c.head_dim, B, n_pages,
                                    options_.kv_dtype);
   tree_ = std::make_unique<RadixTree>(*pool_, events_);
-  scratch_ = std::make_unique<Scratch>(*backend_, c, options_.max_chunk, n_pages);
+  scratch_ = std::make_unique<Scratch>(*backend_, c, options_.max_chunk, n_pages, options_.act_bits);
   publish();
 }
 
@@ -162,6 +167,23 @@ void Engine::set_weights(ModelWeights w) {
     if (!L.attn_norm || !L.mlp_norm) throw std::invalid_argument("weights: " + p + " norms missing");
     if (c.attn_bias && (!L.bq || !L.bk || !L.bv)) throw std::invalid_argument("weights: " + p + " biases missing");
     if (c.qk_norm && (!L.q_norm || !L.k_norm)) throw std::invalid_argument("weights: " + p + " q/k norms missing");
+  }
+  if (options_.act_bits == 16) {  // refuse here, not in a worker thread's gemm
+    auto a16 = [](const WeightView& v, const std::string& name) {
+      const bool ok = !is_integer(v.dtype) || v.dtype == DType::W8A8 || v.dtype == DType::W4A8;
+      if (!ok)
+        throw std::invalid_argument("weights: " + name + " is " + dtype_name(v.dtype) +
+                                    ", which has no kernel for activations = \"a16\" (W4A8 / W8A8 / gguf weights "
+                                    "only); use activations = \"a8\"");
+    };
+    a16(w.lm_head, "lm_head");
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = w.layers[l];
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      a16(L.wq, p + "self_attn.q_proj"), a16(L.wk, p + "self_attn.k_proj"), a16(L.wv, p + "self_attn.v_proj");
+      a16(L.wo, p + "self_attn.o_proj"), a16(L.w_gate, p + "mlp.gate_proj"), a16(L.w_up, p + "mlp.up_proj");
+      a16(L.w_down, p + "mlp.down_proj");
+    }
   }
   // The backend's chance to repack each linear (the embedding stays a row table).
   backend_->prepare_weight(w.lm_head);

@@ -45,6 +45,8 @@ struct EngineOptions {
   int max_context = 4096;          // default pool sizing only; >= 1
   int max_chunk = 512;             // prefill rows per forward chunk (bounds scratch memory); 1..16384
   bool prefix_cache = true;        // radix-tree prefix reuse across calls
+  int act_bits = 8;                // 8 | 16: activations of the integer matmuls ("a8" / "a16",
+                                   // kernels.h ActQ8); 16 needs the CPU backend and W4A8 / W8A8 weights
 };
 // Throws std::invalid_argument naming the first option out of range.
 void validate(const EngineOptions& o);
@@ -160,6 +162,7 @@ class Engine {
   int threads() const { return threads_; }
   int kv_block() const { return options_.kv_block; }
   KvDType kv_dtype() const { return options_.kv_dtype; }
+  int act_bits() const { return options_.act_bits; }
 
  private:
   struct Scratch;

@@ -47,13 +47,19 @@ struct WeightView {
 //   amax = max|x|; d = amax / 127; q = rint(x * (127 / amax)) (all 0 and d = 0 if amax == 0);
 //   s = sum of the block's q (used to undo the +8 offset of W4A8 weights).
 // Rows are zero-padded from K to Kp. Buffers are caller-owned.
+// 16-bit activations ("a16", set q16): the same per-32 scheme with 32767 in place of 127,
+//   d = amax / 32767; q = rint(x * (32767 / amax)) in q16 (q is not written), s = sum of q16.
+//   Read by W4A8 (group a multiple of 32, with or without mins) and W8A8 weights only; other
+//   integer formats refuse them (std::invalid_argument from gemm).
 struct ActQ8 {
   int M = 0, Kp = 0;
   int8_t* q = nullptr;   // [M, Kp]
   float* d = nullptr;    // [M, Kp/32]
   int32_t* s = nullptr;  // [M, Kp/32]
+  int16_t* q16 = nullptr;  // [M, Kp] when set: the activations are 16-bit (see above)
 };
 
+// Writes q or (out.q16 set) q16, with d and s.
 void quantize_act_q8(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] for m in [0, M), n in [n0, n1).

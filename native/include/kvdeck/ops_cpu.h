@@ -74,6 +74,13 @@ void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, i
 // Head g's q at q + (g - g0) * qg, its o at o + (g - g0) * og, m and l at + (g - g0) * mg.
 void attention_segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
                              float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile);
+// Whether attention_segment / attention_segment_heads score this view's pages with integer
+// dot products (AVX2, NVFP4 pages, D 64 or 128, block % 8 == 0, no fresh rows): q is then
+// quantised to int8 per block of 16 values (d = amax/127) and each block's integer sum scaled by
+// d times the E4M3 block scale (attention_nvfp4_avx2.cpp), so decode differs from the f32
+// scores of attention_queries / attention_segment_ref by q's rounding (<= amax/254 per value).
+// V is widened exactly either way.
+bool attention_scores_int8(const KvView& kv);
 // The reference (portable) version of attention_segment, also the non-x86 path.
 void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
                            float* o, float* m, float* l, float* tile);

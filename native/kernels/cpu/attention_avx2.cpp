@@ -4,16 +4,20 @@
 //
 // Online softmax a page at a time (page_group): the scores of the page's keys for the G query
 // heads of a KV head (4 keys × up to 3 heads per block, so each K load feeds 3 FMAs), the
-// running max / sum update per head, then o = o·alpha + Σ p_t v_t two heads at a time. f16
-// pages are read in place (F16C in registers); nvfp4 pages are decoded once per page into an
-// f32 tile the G heads share. A segment's pages are walked once for all KV heads (contiguous
-// reads) with the next page prefetched. The prefill kernel (attention_prefill_avx2.cpp) runs
-// the same arithmetic (summation tree, softmax_update, pv_rows), so prefill == decode bit for bit.
+// running max / sum update per head, then o = o·alpha + Σ p_t v_t up to three heads at a time.
+// f16 pages are read in place (F16C in registers). nvfp4 pages (attention_scores_int8) are
+// scored with integer dot products on the codes (attention_nvfp4_avx2.cpp) and their V rows
+// widened once per page into an f32 tile the G heads share. A segment's pages are walked once
+// for all KV heads (contiguous reads) with the next page prefetched. The prefill kernel
+// (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows (summation tree,
+// softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4 pages decode
+// differs from it by q's int8 rounding (ops_cpu.h).
 #if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/kernels_impl.h"
@@ -22,31 +26,34 @@
 
 namespace kvdeck::cpu {
 namespace {
+using attn_avx2::dot4;
 using attn_avx2::load8;
 using attn_avx2::page_rows;
 using attn_avx2::pv_rows;
 using attn_avx2::softmax_update;
 
-// Scores of 4 keys for up to 3 query heads (HB) sharing the K loads: lane j of out[h] =
-// scale·(q_h · k_j), summed as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) over the 8 lanes of the
-// FMA chains q[8c+l]·k[8c+l] (c ascending): the order of the prefill kernel.
-template <int D, int HB, typename T>
-inline void dot4(const float* q, const T* k, size_t ks, float scale, float* out /*[HB][64] at key j0*/) {
-  __m256 a[HB][4];
-  for (int h = 0; h < HB; ++h)
-    for (int j = 0; j < 4; ++j) a[h][j] = _mm256_setzero_ps();
-  for (int c = 0; c < D; c += 8) {
-    __m256 kc[4];
-    for (int j = 0; j < 4; ++j) kc[j] = load8(k + j * ks + c);
-    for (int h = 0; h < HB; ++h) {
-      const __m256 qc = _mm256_loadu_ps(q + h * D + c);
-      for (int j = 0; j < 4; ++j) a[h][j] = _mm256_fmadd_ps(qc, kc[j], a[h][j]);
-    }
+// The online softmax update of the G heads' scores S of one page (n keys; S[h*64 + j] for j
+// >= n masked here), then o = o·alpha + Σ p_t v_t up to three heads at a time (each V load feeds their FMAs).
+template <int D, typename T>
+void softmax_pv(int G, const T* V, size_t vs, int n, float* o, float* m, float* l, float* S, float* P) {
+  const int ne = (n + 7) / 8 * 8;
+  float alpha[64];
+  for (int h = 0; h < G; ++h) {
+    for (int j = n; j < ne; ++j) S[h * 64 + j] = -INFINITY;
+    alpha[h] = softmax_update(S + h * 64, n, m + h, l + h, P + h * 64);
   }
-  for (int h = 0; h < HB; ++h) {
-    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
-    const __m128 sc = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-    _mm_storeu_ps(out + h * 64, _mm_mul_ps(sc, _mm_set1_ps(scale)));
+  for (int h = 0; h < G;) {  // three heads at a time (12 FMA chains: FMA latency x 2 pipes), then 2, 1
+    const int r = G - h >= 3 ? 3 : G - h;
+    const float* pr[3] = {P + h * 64, P + (h + 1) * 64, P + (h + 2) * 64};
+    float* orow[3] = {o + size_t(h) * D, o + size_t(h + 1) * D, o + size_t(h + 2) * D};
+    const int nn[3] = {n, n, n};
+    if (r == 3)
+      pv_rows<D, 3>(V, vs, pr, nn, alpha + h, orow);
+    else if (r == 2)
+      pv_rows<D, 2>(V, vs, pr, nn, alpha + h, orow);
+    else
+      pv_rows<D, 1>(V, vs, pr, nn, alpha + h, orow);
+    h += r;
   }
 }
 
@@ -68,7 +75,7 @@ void page_group(const float* q, int G, const T* K, size_t ks, const T* V, size_t
     }
     for (int h0 = 0; h0 < G; h0 += 3) {
       float* out = S + h0 * 64 + j0;
-      const float* qh = q + size_t(h0) * D;
+      const float* qh[3] = {q + size_t(h0) * D, q + size_t(h0 + 1) * D, q + size_t(h0 + 2) * D};
       switch (G - h0 < 3 ? G - h0 : 3) {
         case 3: kf ? dot4<D, 3>(qh, kf, D, scale, out) : dot4<D, 3>(qh, kr, ks, scale, out); break;
         case 2: kf ? dot4<D, 2>(qh, kf, D, scale, out) : dot4<D, 2>(qh, kr, ks, scale, out); break;
@@ -76,21 +83,7 @@ void page_group(const float* q, int G, const T* K, size_t ks, const T* V, size_t
       }
     }
   }
-  const int ne = (n + 7) / 8 * 8;
-  float alpha[64];
-  for (int h = 0; h < G; ++h) {
-    for (int j = n; j < ne; ++j) S[h * 64 + j] = -INFINITY;
-    alpha[h] = softmax_update(S + h * 64, n, m + h, l + h, P + h * 64);
-  }
-  for (int h = 0; h < G; h += 2) {
-    const float* pr[2] = {P + h * 64, P + (h + 1) * 64};
-    float* orow[2] = {o + size_t(h) * D, o + size_t(h + 1) * D};
-    const int nn[2] = {n, n};
-    if (h + 1 < G)
-      pv_rows<D, 2>(V, vs, pr, nn, alpha + h, orow);
-    else
-      pv_rows<D, 1>(V, vs, pr, nn, alpha + h, orow);
-  }
+  softmax_pv<D>(G, V, vs, n, o, m, l, S, P);
 }
 
 // KV heads g0..g1-1 of one segment, pages outermost: a page's rows of every head are read
@@ -106,11 +99,41 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
     for (int h = 0; h < G; ++h) m[(g - g0) * mg + h] = -INFINITY, l[(g - g0) * mg + h] = 0.0f;
     for (int h = 0; h < G; ++h) std::memset(o + (g - g0) * og + size_t(h) * D, 0, sizeof(float) * D);
   }
+  // nvfp4 pages (D 64 / 128, whole groups of 8 rows): q quantised once per segment and KV head
+  const bool int8_scores = attention_scores_int8(kv);  // (and this kernel's G <= 64)
+  thread_local std::vector<int8_t> q8;
+  thread_local std::vector<float> qs;
+  if (int8_scores) {
+    q8.resize(size_t(g1 - g0) * G * D);
+    qs.resize(size_t(g1 - g0) * G * (D / 8));
+    for (int g = g0; g < g1; ++g)
+      attn_avx2::quantize_q_int8(q + (g - g0) * qg, G, D, scale, q8.data() + size_t(g - g0) * G * D,
+                                 qs.data() + size_t(g - g0) * G * (D / 8));
+  }
   for (int ps = t0; ps < t1; ps += B) {
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
     if (ps + B < t1) attn_avx2::prefetch_page(kv, kv.pages[ps / B + 1]);
-    const bool in_place16 = kv.dtype == KvDType::F16 && !(kv.fresh_k && ps + n > kv.fresh0);
+    const bool pooled = !(kv.fresh_k && ps + n > kv.fresh0);  // no fresh rows in this page
+    const bool in_place16 = kv.dtype == KvDType::F16 && pooled;
+    if (int8_scores) {  // nvfp4: integer scores on the codes, V widened once
+      const size_t rb = kv_row_bytes(kv.dtype, D), ts = rb * kv.nkv;
+      const int n8 = (n + 7) / 8 * 8;
+      alignas(32) float ks[2 * 64 * 4];
+      for (int g = g0; g < g1; ++g) {
+        const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
+        const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
+        const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
+        attn_avx2::nvfp4_page_scales(K, ts, n, D, ks);
+        attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
+                                     G, D, K, ts, n, ks, S);
+        attn_avx2::nvfp4_page_scales(V, ts, n, D, ks);
+        attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
+        softmax_pv<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, m + (g - g0) * mg,
+                      l + (g - g0) * mg, S, P);
+      }
+      continue;
+    }
     for (int g = g0; g < g1; ++g) {
       const float* qh = q + (g - g0) * qg;
       float *oh = o + (g - g0) * og, *mh = m + (g - g0) * mg, *lh = l + (g - g0) * mg;

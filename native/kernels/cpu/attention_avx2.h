@@ -100,6 +100,30 @@ inline size_t page_rows(const KvView& kv, const void* base, const float* fresh, 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+// Scores of 4 keys (rows k, k + ks, ..) for HB query rows q[0..HB) sharing the K loads: lane
+// j of out[h*64 ..] = scale·(q_h · k_j), summed as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) over the
+// 8 lanes of the FMA chains q[8c+l]·k[8c+l] (c ascending). Decode (page_group) and prefill
+// (segment_rows) both score with it, so their scores agree bit for bit.
+template <int D, int HB, typename T>
+inline void dot4(const float* const* q, const T* k, size_t ks, float scale, float* out /*[HB][64] at key j0*/) {
+  __m256 a[HB][4];
+  for (int h = 0; h < HB; ++h)
+    for (int j = 0; j < 4; ++j) a[h][j] = _mm256_setzero_ps();
+  for (int c = 0; c < D; c += 8) {
+    __m256 kc[4];
+    for (int j = 0; j < 4; ++j) kc[j] = load8(k + j * ks + c);
+    for (int h = 0; h < HB; ++h) {
+      const __m256 qc = _mm256_loadu_ps(q[h] + c);
+      for (int j = 0; j < 4; ++j) a[h][j] = _mm256_fmadd_ps(qc, kc[j], a[h][j]);
+    }
+  }
+  for (int h = 0; h < HB; ++h) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
+    const __m128 sc = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    _mm_storeu_ps(out + h * 64, _mm_mul_ps(sc, _mm_set1_ps(scale)));
+  }
+}
+
 // The online softmax update of one row over its nr scores S (the reference order: a page's max, alpha, e^(s - m), their sum):
 // m, l updated, P = e^(S - m_new) (0 where masked); returns alpha.
 inline float softmax_update(const float* S, int nr, float* m, float* l, float* P) {
@@ -160,6 +184,23 @@ inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, 
       for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[c]);
     }
 }
+
+// ============================================================================
+// NVFP4 pages without widening K (attention_nvfp4_avx2.cpp; D = 64 or 128)
+// ============================================================================
+// q of G heads [G, D] -> q8 [G, D/64, 64] (per 64-value chunk: its 32 even values, then its
+// 32 odd ones; int8 per block of 16, d = amax/127) and qs [G, D/64, 8], the factors
+// d_b · 0.5 · scale in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3].
+void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs);
+// The E4M3 block scales of n rows (token stride ts bytes) as f32 ks [D/64, n8, 4], n8 = n
+// rounded up to 8 (rows >= n: 0); NaN codes read as 0.
+void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks);
+// S[h*64 + j] = s_j for the n keys at k (stride ts), j < n rounded up to 8 (keys >= n score 0):
+// the integer-dot score of attention_nvfp4_avx2.cpp's header. ks from nvfp4_page_scales.
+void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
+                       const float* ks, float* S);
+// n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row.
+void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile);
 
 // Prefetch a whole page (every head, K and V) into L2: pages are scattered in the pool, so the
 // hardware's stream prefetcher cannot see the next one coming.

@@ -4,7 +4,8 @@
 // order, so a turn served from cached pages gives the same logits as a cold prefill and a
 // decode split over threads the same as one thread. Every query head of the group reads
 // each K/V row once: G heads share the loads (GQA). f16 and nvfp4 pages are widened a page at a time into a small f32 tile
-// (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu).
+// (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu). On AVX2
+// decode over nvfp4 pages scores with integer dot products instead (attention_scores_int8).
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -111,6 +112,16 @@ void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t
       accumulate_tile(p, 1, D, V, n, stride, n, oh);
     }
   }
+}
+
+bool attention_scores_int8(const KvView& kv) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_supports("avx2");
+  return avx2 && kv.dtype == KvDType::NVFP4 && kv.D % 64 == 0 && kv.D <= 128 && kv.block % 8 == 0 &&
+         kv.block <= 64 && !kv.fresh_k;
+#else
+  return false;
+#endif
 }
 
 void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,

@@ -6,7 +6,7 @@
 // 16-key micro-kernel (q broadcast, Kt rows as vectors of 8 keys: no horizontal adds, 12
 // independent accumulators), the online softmax update runs per row, and o += p·V runs on
 // two rows at once so each V load feeds two FMAs. The arithmetic is decode's (page_group in
-// attention_avx2.cpp) operation for operation: lane l of a score is the FMA chain over
+// attention_avx2.cpp) operation for operation on f32 / f16 rows: lane l of a score is the FMA chain over
 // q[8c+l]·k[8c+l], c ascending, and the 8 lanes are added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))
 // as its hadd tree does; softmax_update and pv_rows are shared. So prefill == decode bit for bit.
 #if defined(__x86_64__)

@@ -104,13 +104,21 @@ bool set_kernel_isa(const char* name) {
 }
 
 void quantize_act_q8(const float* x, int M, int K, ActQ8& out) {
-  active().load(std::memory_order_relaxed)->quantize_act_q8(x, M, K, out);
+  const cpu::KernelSet* k = active().load(std::memory_order_relaxed);
+  if (out.q16)  // 16-bit activations (gemm_a16.cpp)
+    (k->quantize_act_q16 ? k->quantize_act_q16 : cpu::quantize_act_q16_scalar)(x, M, K, out);
+  else
+    k->quantize_act_q8(x, M, K, out);
 }
 
 void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy, int n0,
           int n1) {
   if (M <= 0 || n1 <= n0) return;
   const cpu::KernelSet* k = active().load(std::memory_order_relaxed);
+  if (xq && xq->q16 && is_integer(w.dtype)) {  // 16-bit activations: W4A8 / W8A8 only (else throws)
+    (k->gemm_a16 ? k->gemm_a16 : cpu::gemm_a16_scalar)(w, *xq, M, y, ldy, n0, n1);
+    return;
+  }
   if (w.layout == WeightLayout::Nvfp4X4) {  // repacked at load (repack_nvfp4_x4)
     (k->gemm_nvfp4_x4 ? k->gemm_nvfp4_x4 : cpu::gemm_nvfp4_x4_scalar)(w, *xq, M, y, ldy, n0, n1);
     return;

@@ -332,7 +332,9 @@ const KernelSet& avx512_kernels() {
   // (an engine loaded under AVX2) is read by the AVX2 reader. A VNNI reader of the repacked
   // layout waits for a machine that can validate it (no AVX-512 CPU or emulator here).
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
-                           gemm_nvfp4_x4_avx2, WeightLayout::File};
+                           gemm_nvfp4_x4_avx2, WeightLayout::File, /*gemm_fuses_mins=*/false,
+                           // 16-bit activations: the AVX2 kernels (no AVX-512 one could be run here)
+                           quantize_act_q16_avx2, gemm_a16_avx2};
   return k;
 }
 

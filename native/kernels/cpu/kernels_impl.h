@@ -29,7 +29,18 @@ struct KernelSet {
   WeightLayout nvfp4_layout = WeightLayout::File;
   // gemm() adds the W4A8 mins term itself (dispatch then skips w4a8_mins).
   bool gemm_fuses_mins = false;
+  // 16-bit activations (ActQ8::q16; gemm_a16.cpp): the quantiser, and the W4A8 (group a
+  // multiple of 32, mins fused) / W8A8 product on them. Null: the scalar reference.
+  void (*quantize_act_q16)(const float* x /*[M,K]*/, int M, int K, ActQ8& out) = nullptr;
+  void (*gemm_a16)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) = nullptr;
 };
+
+// ---- 16-bit activations (gemm_a16.cpp: the contract and the scalar reference) ---------
+constexpr float kA16Max = 32767.0f;
+void quantize_act_q16_scalar(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
+void gemm_a16_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// std::invalid_argument unless w has an a16 kernel (W4A8 group % 32 == 0 file layout, W8A8).
+void check_a16_weight(const WeightView& w);
 
 const KernelSet& scalar_kernels();
 const KernelSet& active_kernels();  // the set dispatch.cpp routes to now
@@ -57,6 +68,9 @@ void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int l
 void gemm_dense_avx2(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
 // The NVFP4 Nvfp4X4 reader (gemm_repack_avx2.cpp; the AVX-512 set uses it too).
 void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// 16-bit activations (gemm_a16_avx2.cpp; the AVX-512 set uses them too).
+void quantize_act_q16_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
+void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 #endif
 // The scalar Nvfp4X4 reader (gemm_repack.cpp): gemm_nvfp4's float operations in its order, so
 // bit-identical to the scalar kernel on the file layout.

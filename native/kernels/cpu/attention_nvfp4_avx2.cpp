@@ -1,0 +1,169 @@
+// attention_nvfp4_avx2.cpp — decode attention over NVFP4 KV pages without widening K
+// (AVX2 + FMA + F16C; compiled with -mavx2 -mfma -mf16c; see attention_avx2.h for the contract).
+//
+// Scores are integer dot products on the codes: q is quantised to int8 per block of 16 values
+// (d = amax/127, q8 = nearbyint(q·127/amax), as quantize_act_q8 does per 32), the E2M1 codes
+// are looked up as 2·e2m1 in int8 (vpshufb), and each block's integer sum is scaled by
+// (d · 0.5 · scale) · e4m3(block scale) in f32:
+//   s_t = Σ_b float(I_tb) · ((d_b · 0.5 · scale) · ks_tb),   I_tb = Σ_{i in b} q8_i · 2·e2m1(c_ti)
+// summed as ((b0 + b1) + (b2 + b3)) over a 64-value chunk (D = 128: block b of the second chunk
+// added to block b of the first before that, f_b + f_{b+4}). The
+// integer part is exact (|I| <= 16·127·12); the f32 part rounds a few times per score.
+// A 32-byte chunk of codes is split into low / high nibbles (even / odd values); q is stored
+// in the same order, so sign_epi8 + maddubs multiply matching values.
+// V rows are widened into an f32 tile: each nibble looked up as the high byte of its f16 value
+// (E2M1 values have a zero low byte in f16), vcvtph2ps, times the block scale: bit for bit
+// kv_nvfp4_decode_row.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/attention_avx2.h"
+
+namespace kvdeck::cpu::attn_avx2 {
+void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks) {
+  // E4M3 -> f16 bits ((b & 0x7F) << 7 | sign << 15) is the value / 256 (e4m3 subnormals become
+  // f16 subnormals, which vcvtph2ps converts exactly); the NaN code 0x7F reads as 0.
+  const int C = D / 64, n8 = (n + 7) / 8 * 8;
+  const __m256i low7 = _mm256_set1_epi16(0x7F), sgn = _mm256_set1_epi16(0x80), nan = _mm256_set1_epi16(0x7F << 7);
+  const __m256 k256 = _mm256_set1_ps(256.0f);
+  for (int c = 0; c < C; ++c)
+    for (int t0 = 0; t0 < n8; t0 += 8) {
+      const uint8_t* r = rows + t0 * ts + D / 2 + 4 * c;
+      auto dw = [&](int t) {
+        int32_t w = 0;
+        if (t0 + t < n) std::memcpy(&w, r + t * ts, 4);
+        return w;
+      };
+      for (int half = 0; half < 2; ++half) {
+        const int u = 4 * half;
+        const __m256i x = _mm256_cvtepu8_epi16(_mm_setr_epi32(dw(u), dw(u + 1), dw(u + 2), dw(u + 3)));
+        __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, low7), 7),
+                                    _mm256_slli_epi16(_mm256_and_si256(x, sgn), 8));
+        h = _mm256_andnot_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), nan), h);
+        float* dst = ks + (size_t(c) * n8 + t0) * 4 + 16 * half;
+        _mm256_store_ps(dst, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), k256));
+        _mm256_store_ps(dst + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), k256));
+      }
+    }
+}
+
+void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs) {
+  const int C = D / 64;
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < C; ++c) {
+      int8_t* lo = q8 + (size_t(h) * C + c) * 64;  // [32 even values | 32 odd values]
+      float* s = qs + (size_t(h) * C + c) * 8;
+      float d[4];
+      for (int b = 0; b < 4; ++b) {
+        const float* x = q + size_t(h) * D + 64 * c + 16 * b;
+        float amax = 0.0f;
+        for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = amax / 127.0f;
+        for (int i = 0; i < 8; ++i) {
+          lo[8 * b + i] = int8_t(std::nearbyint(x[2 * i] * id));
+          lo[32 + 8 * b + i] = int8_t(std::nearbyint(x[2 * i + 1] * id));
+        }
+      }
+      // the lane pattern of a key pair's block sums: [b0 b1 b0 b1 | b2 b3 b2 b3]
+      const int pat[8] = {0, 1, 0, 1, 2, 3, 2, 3};
+      for (int i = 0; i < 8; ++i) s[i] = d[pat[i]] * 0.5f * scale;
+    }
+}
+
+// ============================================================================
+// Scores of the n keys of a page (rows at k, token stride ts bytes) for G heads
+// ============================================================================
+template <int C>
+static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k, size_t ts, int n,
+                     const float* ks, float* S) {
+  const int n8 = (n + 7) / 8 * 8;
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12,  //
+                                       0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12);
+  alignas(32) float F[64 * 4 * 8];  // [h][pair][8]
+  for (int j0 = 0; j0 < n8; j0 += 8) {
+    for (int p = 0; p < 4; ++p) {
+      const int t = j0 + 2 * p;
+      for (int c = 0; c < C; ++c) {
+        __m256i m[2][2], sg[2][2];
+        for (int u = 0; u < 2; ++u) {
+          const __m256i x = t + u < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + (t + u) * ts + 32 * c))
+                                      : _mm256_setzero_si256();
+          m[u][0] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, nib));
+          m[u][1] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));
+          sg[u][0] = _mm256_slli_epi16(x, 4);  // bit 7 of each byte: the low nibble's sign
+          sg[u][1] = x;                         // bit 7: the high nibble's sign
+        }
+        // [t b0 b1 t+1 b0 b1 | t b2 b3 t+1 b2 b3] scales of this chunk
+        const __m256 kp = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_load_ps(ks + (size_t(c) * n8 + t) * 4)), 0xD8));
+        for (int h = 0; h < G; ++h) {
+          const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + (size_t(h) * C + c) * 64));
+          const __m256i qhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + (size_t(h) * C + c) * 64 + 32));
+          __m256i X[2];
+          for (int u = 0; u < 2; ++u) {
+            const __m256i a = _mm256_maddubs_epi16(m[u][0], _mm256_sign_epi8(qlo, sg[u][0]));
+            const __m256i b = _mm256_maddubs_epi16(m[u][1], _mm256_sign_epi8(qhi, sg[u][1]));
+            X[u] = _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
+          }
+          const __m256 sc = _mm256_mul_ps(kp, _mm256_loadu_ps(qs + (size_t(h) * C + c) * 8));
+          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(X[0], X[1])), sc);
+          float* fp = F + (size_t(h) * 4 + p) * 8;
+          _mm256_store_ps(fp, c == 0 ? f : _mm256_add_ps(_mm256_load_ps(fp), f));
+        }
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      const float* fp = F + size_t(h) * 32;
+      const __m256 a = _mm256_hadd_ps(_mm256_load_ps(fp), _mm256_load_ps(fp + 8));
+      const __m256 b = _mm256_hadd_ps(_mm256_load_ps(fp + 16), _mm256_load_ps(fp + 24));
+      const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+      _mm256_store_ps(S + h * 64 + j0, s);
+    }
+  }
+}
+
+void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
+                       const float* ks, float* S) {
+  if (D == 64) return scores_c<1>(q8, qs, G, k, ts, n, ks, S);
+  return scores_c<2>(q8, qs, G, k, ts, n, ks, S);
+}
+
+// ============================================================================
+// V rows of a page -> f32 tile [n, D] (bit for bit kv_nvfp4_decode_row)
+// ============================================================================
+void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile) {
+  const int C = D / 64;
+  const __m256i nib = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+  // the f16 high byte of e2m1(code): 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives
+  const __m256i hb = _mm256_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8),
+                                      char(0xBC), char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6),
+                                      0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46, char(0x80), char(0xB8),
+                                      char(0xBC), char(0xBE), char(0xC0), char(0xC2), char(0xC4), char(0xC6));
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < C; ++c) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + t * ts + 32 * c));
+      const __m256i e = _mm256_shuffle_epi8(hb, _mm256_and_si256(x, nib));                         // even values
+      const __m256i o = _mm256_shuffle_epi8(hb, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));  // odd values
+      // f16 words: [b0 even | b2 even], [b1 even | b3 even], the same for odd; then natural order
+      const __m256i e0 = _mm256_unpacklo_epi8(zero, e), e1 = _mm256_unpackhi_epi8(zero, e);
+      const __m256i o0 = _mm256_unpacklo_epi8(zero, o), o1 = _mm256_unpackhi_epi8(zero, o);
+      const __m256i w[4] = {_mm256_unpacklo_epi16(e0, o0), _mm256_unpackhi_epi16(e0, o0),   // v0-7 | v32-39, v8-15 | v40-47
+                            _mm256_unpacklo_epi16(e1, o1), _mm256_unpackhi_epi16(e1, o1)};  // v16-23 | v48-55, v24-31 | v56-63
+      const float* s = ks + (size_t(c) * n8 + t) * 4;
+      float* dst = tile + size_t(t) * D + 64 * c;
+      for (int i = 0; i < 4; ++i) {
+        const int b = i / 2;  // lane 0: block b (values 8i..), lane 1: block b + 2
+        _mm256_storeu_ps(dst + 8 * i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(w[i])), _mm256_set1_ps(s[b])));
+        _mm256_storeu_ps(dst + 32 + 8 * i,
+                         _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(w[i], 1)), _mm256_set1_ps(s[b + 2])));
+      }
+    }
+}
+
+}  // namespace kvdeck::cpu::attn_avx2
+#endif  // __x86_64__
