@@ -238,6 +238,7 @@ cudaError_t launch_paged(int E, dim3 grid, const uint8_t* k, const uint8_t* v, c
 constexpr int kArgmaxThreads = 1024;
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n, int32_t* __restrict__ out) {
+  pdl_wait();  // launched with PDL: x is the previous kernel's output
   float best = -INFINITY;
   int bi = n;  // none yet
   for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
@@ -340,8 +341,7 @@ cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages
 
 cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream) {
   if (n < 1) return cudaErrorInvalidValue;
-  argmax_kernel<<<1, kArgmaxThreads, 0, stream>>>(x, n, out);
-  return cudaGetLastError();
+  return detail::launch_kernel(argmax_kernel, dim3(1), dim3(kArgmaxThreads), stream, /*pdl=*/true, x, n, out);
 }
 
 }  // namespace kvdeck::cuda
