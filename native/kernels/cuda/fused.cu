@@ -75,11 +75,26 @@ __global__ void silu_mul_q8_kernel(const float* __restrict__ a, const float* __r
   quant_block(v, k < n, int(size_t(m) * Kp + k), q, d, s, blk);
 }
 
-// RoPE of q and k and the KV write, one launch: one work item per thread (fused_impl.cuh).
+// RoPE of q and k and the KV write, one launch: one work item per thread (fused_impl.cuh). NVFP4
+// pools: the q pairs (padded to whole warps), then one thread per K / V value (kv_nvfp4_value)
+// instead of one per 16-value block, where a thread's 16 serial sincosf and divisions were the
+// kernel's latency: Llama-3-8B shape 12.4 -> 4.3 µs (CUPTI), decode 2,531 -> 2,270 µs/token.
+__host__ __device__ inline size_t rope_q_pad(const RopeKvArgs& a) {
+  return (size_t(a.M) * a.nh * (a.D / 2) + 31) / 32 * 32;
+}
 __global__ void rope_kv_write_kernel(const RopeKvArgs a) {
   pdl_wait();
   pdl_launch_dependents();
-  rope_kv_item(a, size_t(blockIdx.x) * blockDim.x + threadIdx.x);
+  const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (a.fmt != 2) return rope_kv_item(a, idx);
+  const size_t nq = size_t(a.M) * a.nh * (a.D / 2), nq_pad = rope_q_pad(a);
+  if (idx == 0 && a.ctx) a.ctx[0] = a.pos[0] + 1;
+  if (idx < nq_pad) {  // whole warps
+    if (idx < nq) rope_kv_item(a, idx);
+    return;
+  }
+  const size_t j = idx - nq_pad;
+  kv_nvfp4_value(a, j, j < size_t(a.M) * a.nkv * 2 * a.D);
 }
 
 }  // namespace
@@ -110,7 +125,7 @@ cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const 
     return cudaErrorInvalidValue;
   const RopeKvArgs a{q, ldq, q ? n_heads : 0, k, v, ldk, n_kv, D, M, pos, inv_freq, format,
                      static_cast<uint8_t*>(k_pages), static_cast<uint8_t*>(v_pages), slots, ctx};
-  const size_t total = rope_kv_items(a);
+  const size_t total = format == 2 ? rope_q_pad(a) + size_t(M) * n_kv * 2 * D : rope_kv_items(a);
   return launch_kernel(rope_kv_write_kernel, dim3(unsigned((total + 127) / 128)), dim3(128), stream, true, a);
 }
 

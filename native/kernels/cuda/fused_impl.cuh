@@ -142,6 +142,33 @@ __device__ __forceinline__ void rope_kv_item(const RopeKvArgs& a, size_t idx) {
   }
 }
 
+// NVFP4 KV rows one value per thread (rope_kv_write's NVFP4 path): j = ((m * nkv + g) * 2 +
+// t) * D + d (t 0: K roped, 1: V), so 16 aligned lanes hold one 16-value block; the block's
+// amax by shuffles, then the same E4M3 scale and E2M1 codes as rope_kv_item's per-block loop
+// (kv_nvfp4_encode_row), byte for byte. Every lane of the warp calls it (live: j in range).
+__device__ __forceinline__ void kv_nvfp4_value(const RopeKvArgs& a, size_t j, bool live) {
+  const int D = a.D, d = int(j % D), t = int(j / D % 2), g = int(j / D / 2 % a.nkv), m = int(j / D / 2 / a.nkv);
+  float v = 0.0f;
+  size_t dst = 0;
+  if (live) {
+    const float* kr = a.k + size_t(m) * a.ldk + size_t(g) * D;
+    const float* vr = a.v + size_t(m) * a.ldk + size_t(g) * D;
+    v = t ? __ldcg(vr + d) : roped(kr, d, D / 2, float(a.pos[m]), a.inv_freq);
+    dst = (size_t(a.slots[m]) * a.nkv + g) * (D / 2 + D / 16);
+  }
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const uint8_t sc = f32_to_e4m3_dev(__fdiv_rn(amax, 6.0f));
+  const float sd = from_e4m3(sc);
+  const uint32_t code = sd > 0.f ? to_e2m1(__fdiv_rn(v, sd)) : 0u;
+  const uint32_t other = __shfl_xor_sync(0xffffffffu, code, 1);
+  if (!live) return;
+  uint8_t* row = (t ? a.vb : a.kb) + dst;
+  if (d % 2 == 0) row[d / 2] = uint8_t(code | (other << 4));
+  if (d % 16 == 0) row[D / 2 + d / 16] = sc;
+}
+
 }  // namespace kvdeck::cuda::detail
 
 namespace kvdeck::cuda::detail {
