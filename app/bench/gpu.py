@@ -142,6 +142,13 @@ def smollm2(reps: int, out: dict) -> None:
     eager = decode_us(eng, 64, 64, reps)
     del eng
     print(f"  smollm2 f16 KV without CUDA graphs: decode {eager:7.1f} µs/token @64", flush=True)
+    os.environ["KVDECK_CUDA_FUSE"] = "1"  # A/B: the GEMV epilogues (opt-in; 120 fewer kernels a step)
+    eng = gpu_model.build("smollm2-135m", "nvfp4", "f16", "cuda", tensors=t, max_context=4096)
+    os.environ.pop("KVDECK_CUDA_FUSE")
+    fused = decode_us(eng, 64, 64, reps)
+    del eng
+    print(f"  smollm2 f16 KV with the GEMV epilogues (KVDECK_CUDA_FUSE=1): decode {fused:7.1f} µs/token @64",
+          flush=True)
     gemv_pf = prefill_gemv_chunks("smollm2-135m", reps, tensors=t, max_context=4096)
     print(f"  smollm2 f16 KV prefill with batch-8 GEMV chunks (KVDECK_CUDA_MMA=0): {gemv_pf:8.0f} tok/s (512)",
           flush=True)
@@ -150,7 +157,7 @@ def smollm2(reps: int, out: dict) -> None:
     cpu_pf = prefill_tps(cpu, 512, 1)
     print(f"  smollm2 on the CPU backend ({cpu.threads} threads): decode {cpu_us:7.1f} µs/token @64, "
           f"prefill {cpu_pf:6.0f} tok/s", flush=True)
-    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "prefill_tps_512_gemv_chunks": gemv_pf,
+    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_fused_f16": fused, "prefill_tps_512_gemv_chunks": gemv_pf,
                       "cpu_decode_us_64": cpu_us,
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}
 
@@ -171,6 +178,12 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
             r[f"roofline_fraction_{ctx}"] = floor / us
     r["prefill_tps_512"] = prefill_tps(eng, 512, max(1, reps // 2))
     del eng
+    os.environ["KVDECK_CUDA_FUSE"] = "1"  # A/B: the GEMV epilogues (opt-in)
+    eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", max_context=8192,
+                          embed="f16")
+    os.environ.pop("KVDECK_CUDA_FUSE")
+    r["decode_us_16_fused"] = decode_us(eng, 16, 32, reps)
+    del eng
     r["prefill_tps_512_gemv_chunks"] = prefill_gemv_chunks("llama3-8b", 1, tensors=t, head="nvfp4",
                                                            max_context=8192, embed="f16")
     del t
@@ -179,6 +192,8 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
         frac = f", {r[f'roofline_fraction_{ctx}']:.2f} of roofline ({r[f'roofline_us_{ctx}']:.0f} µs)" if gbs else ""
         print(f"  llama3-8b nvfp4, nvfp4 KV: decode {r[f'decode_us_{ctx}']:8.1f} µs/token "
               f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
+    print(f"  llama3-8b decode with the GEMV epilogues (KVDECK_CUDA_FUSE=1): {r['decode_us_16_fused']:8.1f} "
+          f"µs/token @16", flush=True)
     print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512); with batch-8 GEMV chunks "
           f"(KVDECK_CUDA_MMA=0) {r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
 

@@ -2,6 +2,7 @@
 // workspace, decode-step graph capture / replay, and the error helpers (backend_cuda_state.h).
 #include "backend_cuda_state.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -29,6 +30,9 @@ CudaState::CudaState() {
   sms_ = p.multiProcessorCount;
   check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
+  check(cudaMalloc(&counter_, cuda::kGemvEpiCounters * sizeof(int32_t)), "cudaMalloc");
+  check(cudaMemset(counter_, 0, cuda::kGemvEpiCounters * sizeof(int32_t)), "cudaMemset");
+  check(cudaMalloc(&part_, cuda::kGemvEpiCounters * sizeof(float)), "cudaMalloc");
   void* h = nullptr;
   if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
 }
@@ -43,6 +47,8 @@ CudaState::~CudaState() {
   cudaStreamSynchronize(st_);
   if (ws_) cudaFree(ws_);
   cudaFree(ctx_);
+  cudaFree(counter_);
+  cudaFree(part_);
   if (stage_) cudaFreeHost(stage_);
   cudaStreamDestroy(st_);
 }
@@ -50,7 +56,14 @@ CudaState::~CudaState() {
 // =====================================================================================
 // Deferred ops and the workspace
 // =====================================================================================
+void CudaState::launch_gemv(const cuda::GemvEpilogue* epi) {
+  const Gemv g = p_mv_;
+  p_mv_ = {};
+  check(cuda::gemv_many_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, st_, pdl_, epi), "matmul (batch 1)");
+}
+
 void CudaState::flush() {
+  if (p_mv_.n) launch_gemv(nullptr);
   if (p_add_.n) {
     const Add a = p_add_;
     p_add_ = {};
@@ -88,6 +101,27 @@ float* CudaState::workspace(size_t floats) {
 // =====================================================================================
 // Decode steps as CUDA graphs
 // =====================================================================================
+// KVDECK_CUDA_GRAPH_INFO=1: one line per captured step on stderr: its kernel nodes (the
+// launches per token) and how many of its edges are programmatic (PDL kept by the capture).
+void CudaState::print_graph(uint64_t key, cudaGraph_t g) {
+  size_t nn = 0, ne = 0;
+  if (cudaGraphGetNodes(g, nullptr, &nn) != cudaSuccess || cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &ne) != cudaSuccess)
+    return;
+  std::vector<cudaGraphNode_t> nodes(nn), from(ne), to(ne);
+  std::vector<cudaGraphEdgeData> data(ne);
+  if (cudaGraphGetNodes(g, nodes.data(), &nn) != cudaSuccess ||
+      cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &ne) != cudaSuccess)
+    return;
+  size_t kernels = 0, prog = 0;
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType t;
+    if (cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel) ++kernels;
+  }
+  for (const cudaGraphEdgeData& d : data) prog += d.type == cudaGraphDependencyTypeProgrammatic;
+  std::fprintf(stderr, "kvdeck cuda graph %llu: %zu nodes, %zu kernels, %zu edges (%zu programmatic)\n",
+               static_cast<unsigned long long>(key), nn, kernels, ne, prog);
+}
+
 bool CudaState::graph_begin(uint64_t key) {
   flush();
   if (!graphs_on_) return false;
@@ -114,6 +148,7 @@ void CudaState::graph_end(uint64_t key, bool ok) {
     return;
   }
   check(e, "cudaStreamEndCapture");
+  if (graph_info_) print_graph(key, g);
   cudaGraphExec_t ex = nullptr;
   const cudaError_t ie = cudaGraphInstantiate(&ex, g, 0);
   cudaGraphDestroy(g);
@@ -141,7 +176,7 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  p_mv_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

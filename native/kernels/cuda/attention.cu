@@ -116,6 +116,7 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
   // covers max_ctx) and q
   const int p_first = w_begin / block;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
+  pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
   float qf[G][kE];
   __half2 qh[G][kE / 2];
 #pragma unroll
@@ -366,10 +367,8 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
   const dim3 threads(kAttnWarps * 32);
 #define KVDECK_ATTN_CASE(GG)                                                               \
   case GG:                                                                                 \
-    attn_split_kernel<F, D, GG, HALF_K><<<grid, threads, 0, st>>>(k, v, kv.pages, kv.block, \
-                                                                  kv.n_kv, q, ctx, split, \
-                                                                  n_splits, n_pt, sl2, ws); \
-    break;
+    return launch_kernel(attn_split_kernel<F, D, GG, HALF_K>, grid, threads, st, /*pdl=*/true, k, v, kv.pages, \
+                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_ATTN_CASE(1)
     KVDECK_ATTN_CASE(2)

@@ -142,6 +142,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   // issued before ctx is known: page indices (the table covers max_ctx) and Q
   const int p_first = w_begin / block;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
+  pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
 
   // Q as the A operand (rows = heads; lane row gid), split into hi + lo f16 parts
   uint32_t qhi[KS][2], qlo[KS][2];
@@ -292,9 +293,8 @@ cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, cons
   const auto* v = static_cast<const uint8_t*>(kv.v);
 #define KVDECK_MMA_CASE(GG)                                                                          \
   case GG:                                                                                           \
-    attn_mma_kernel<F, D, GG><<<grid, kAttnWarps * 32, 0, st>>>(k, v, kv.pages, kv.block, kv.n_kv, q, \
-                                                                ctx, split, n_splits, n_pt, sl2, ws); \
-    break;
+    return launch_kernel(attn_mma_kernel<F, D, GG>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
+                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_MMA_CASE(1)
     KVDECK_MMA_CASE(2)

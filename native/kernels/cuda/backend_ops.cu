@@ -117,6 +117,7 @@ __global__ void kv_write_kernel(KvFormat fmt, bool f32, uint8_t* __restrict__ kb
 constexpr int kArgmaxThreads = 1024;
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n, int32_t* __restrict__ out) {
+  pdl_wait();  // launched with PDL: x is the previous kernel's output
   float best = -INFINITY;
   int bi = n;  // none yet
   for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
@@ -196,8 +197,7 @@ cudaError_t kv_write(int format, void* k_pages, void* v_pages, int n_kv, int D, 
 
 cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream) {
   if (n < 1) return cudaErrorInvalidValue;
-  argmax_kernel<<<1, kArgmaxThreads, 0, stream>>>(x, n, out);
-  return cudaGetLastError();
+  return detail::launch_kernel(argmax_kernel, dim3(1), dim3(kArgmaxThreads), stream, /*pdl=*/true, x, n, out);
 }
 
 }  // namespace kvdeck::cuda

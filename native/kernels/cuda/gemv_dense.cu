@@ -71,6 +71,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 gemv_w8a8_kernel(const int8_t* __restrict__ codes, const __half* __restrict__ scales, int N, int Kp,
                  const int8_t* __restrict__ xq, const float* __restrict__ xd, float* __restrict__ y, int ldy) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x & 31;
+  pdl_launch_dependents();  // launched with PDL: the next kernel may start and wait for this one
+  pdl_wait();
   if (n >= N) return;
   const int nb = Kp / 32, chunks = Kp / 16;
   float acc[M];
@@ -148,8 +150,8 @@ template <int M>
 struct W8L {
   static cudaError_t run(const int8_t* c, const __half* s, int N, int Kp, const int8_t* xq, const float* xd,
                          float* y, int ldy, cudaStream_t st) {
-    gemv_w8a8_kernel<M><<<(N + kWarps - 1) / kWarps, kWarps * 32, 0, st>>>(c, s, N, Kp, xq, xd, y, ldy);
-    return cudaGetLastError();
+    return detail::launch_kernel(gemv_w8a8_kernel<M>, dim3((N + kWarps - 1) / kWarps), dim3(kWarps * 32), st,
+                                 /*pdl=*/true, c, s, N, Kp, xq, xd, y, ldy);
   }
 };
 

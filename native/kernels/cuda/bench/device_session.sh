@@ -30,7 +30,7 @@ for step in "$@"; do
       for m in 512 64; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
     tests)
       timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_backend_cuda.py \
-        tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
+        tests/cuda/test_cuda_fusion.py tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
     bench)
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
     8b)
@@ -38,7 +38,10 @@ for step in "$@"; do
     profile)
       for m in "smollm2-135m" "llama3-8b 8"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
-      done ;;
+      done
+      # A/B: the same step with the GEMV epilogues (opt-in)
+      KVDECK_CUDA_FUSE=1 PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py smollm2-135m 2>&1 \
+        | grep -v Warning | sed 's/^/[FUSE=1] /' | tee -a "$out/profile.log" ;;
     real)
       if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

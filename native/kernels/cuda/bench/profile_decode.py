@@ -3,13 +3,15 @@
 
     python3 native/kernels/cuda/bench/profile_decode.py smollm2-135m|llama3-8b [layers]
 
-Prints, per kernel name: launches per step, µs per step, µs per launch; then the sum of kernel
-time per step, the GPU span per step (first kernel start to last kernel end: kernel time plus
+KVDECK_CUDA_FUSE=1 in the environment profiles the step with the GEMV epilogues (A/B).
+Prints the captured graph's kernel nodes and programmatic (PDL) edges, then per kernel name:
+launches per step, µs per step, µs per launch; then the sum of kernel time per step, the GPU span per step (first kernel start to last kernel end: kernel time plus
 the gaps between dependent kernels) and the wall time per step (the host's share on top).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
@@ -25,6 +27,7 @@ STEPS = 10
 
 def main() -> int:
     shape = sys.argv[1]
+    os.environ["KVDECK_CUDA_GRAPH_INFO"] = "1"  # the captured step's kernel nodes and PDL edges (stderr)
     layers = int(sys.argv[2]) if len(sys.argv) > 2 else None
     torch.zeros(1, device="cuda")
     big = shape == "llama3-8b"
