@@ -140,7 +140,6 @@ void bind_backend(py::module_& m) {
             require(p0 >= 0 && M >= 1 && layers >= 1 && repeat >= 1, "p0 >= 0, M, layers, repeat >= 1");
             const int ctx = p0 + M, B = 16, n_pages = (ctx + B - 1) / B, KD = nkv * D;
             const KvDType dt = kv_of(kv);
-            require(kv == "f16" || kv == "nvfp4" || kv == "f32", "kv must be f32, f16 or nvfp4");
             std::vector<float> kh(size_t(ctx) * KD), vh(kh.size()), qh(size_t(M) * nh * D);
             std::vector<int32_t> pages(n_pages), slots(ctx), pos(M);
             {

@@ -126,7 +126,10 @@ __device__ __forceinline__ void to_half2(const uint32_t* w, int nw, uint32_t sca
 // =====================================================================================
 
 template <KvFormat F, int D, int G>
-__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
+#ifndef KVDECK_ATTN_MMA_MINB
+#define KVDECK_ATTN_MMA_MINB 4
+#endif
+__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? KVDECK_ATTN_MMA_MINB : 3)  // 16 / 12 warps per SM
 attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                 const int32_t* __restrict__ pages, int block, int n_kv, const float* __restrict__ q,
                 const int32_t* __restrict__ ctx_dev, int split, int n_splits, int n_pt, float scale_log2,

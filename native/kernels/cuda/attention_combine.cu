@@ -1,0 +1,125 @@
+// attention_combine.cu — the split combine of the decode-attention kernels (attention.cu's SIMT
+// and attention_mma.cu's tensor-core split kernels write the same partials), with the optional
+// fresh token of Backend::attention_fresh. Contract: attention_impl.cuh (launch_attn_combine).
+#include <cstdint>
+
+#include "attention_impl.cuh"
+#include "common.cuh"
+#include "kernels_cuda.h"
+
+namespace kvdeck::cuda {
+
+using namespace detail;
+
+namespace {
+
+// =====================================================================================
+// Combine kernel: merge the splits
+// =====================================================================================
+
+// out[h, d] = sum_s 2^(m_s - M) o_s[d] / sum_s 2^(m_s - M) l_s over the live splits.
+// Grid (n_heads, D / 32): each block recomputes its head's split weights into shared memory
+// (one load per thread) while its 8 warps load interleaved splits' partials for 32 outputs
+// (lane = d; the first 64 splits in registers, so one round trip), then weights them, and a
+// shared-memory sum finishes. Launched with PDL: it starts
+// while the split kernel drains and waits for it before reading the workspace.
+// Fresh (f.k != null, Backend::attention_fresh): the splits covered the ctx_dev pooled tokens
+// and one more token, the decode step's own, joins as a term of its own: score
+// sl2 * q[h] . f.k[g] in f32 from its unrounded row, value row f.v[g] (g = h / G).
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads)
+attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ctx_dev, int split,
+                    int n_splits, int D, float* __restrict__ out, AttnFresh f) {
+  __shared__ float wgt[kMaxAttnSplits];
+  __shared__ float red[kCombineThreads / 32][32];  // per warp
+  __shared__ float stat[3];
+  pdl_wait();
+  const int h = blockIdx.x, d0 = blockIdx.y * 32, tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+  const int live = (*ctx_dev + split - 1) / split;
+  const float* base = ws + size_t(h) * n_splits * (D + 2);
+  const int fg = f.k ? h / f.G : 0;
+  if (f.k && warp == 0) {
+    float dot = 0.0f;
+    const float* kr = f.k + size_t(fg) * D;
+    const int half = D / 2;
+    for (int i = lane; i < D; i += 32) {
+      float kv = kr[i];
+      if (f.rope_inv) {  // as the rope kernels: f32 angle pos * inv_freq, rotate-half
+        const int j = i < half ? i : i - half;
+        float sn, cs;
+        sincosf(float(f.rope_pos[0]) * f.rope_inv[j], &sn, &cs);
+        kv = i < half ? kr[j] * cs - kr[j + half] * sn : kr[j + half] * cs + kr[j] * sn;
+      }
+      dot = fmaf(f.q[size_t(h) * D + i], kv, dot);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) stat[2] = dot * f.sl2;
+  }
+  // warp w's first kPre splits (w, w + 8, ...) at d = d0 + lane, loaded with the maxima
+  constexpr int kWarpsC = kCombineThreads / 32, kPre = 8;
+  const int d = d0 + lane;
+  float ov[kPre];
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int sidx = warp + kWarpsC * k;
+    ov[k] = sidx < live && d < D ? base[size_t(sidx) * (D + 2) + d] : 0.0f;
+  }
+  // split maxima and weights (live <= kMaxAttnSplits = kCombineThreads)
+  const float ms = tid < live ? base[size_t(tid) * (D + 2) + D] : -INFINITY;
+  const float ls = tid < live ? base[size_t(tid) * (D + 2) + D + 1] : 0.0f;
+  float mx = warp_max(ms);
+  if (lane == 0) red[warp][0] = mx;
+  __syncthreads();
+  if (tid == 0) {
+    float v = red[0][0];
+    for (int w = 1; w < kCombineThreads / 32; ++w) v = fmaxf(v, red[w][0]);
+    stat[0] = f.k ? fmaxf(v, stat[2]) : v;
+  }
+  __syncthreads();
+  mx = stat[0];
+  const float cf = f.k ? exp2f(stat[2] - mx) : 0.0f;  // the fresh token's weight (l = 1)
+  const float c = tid < live ? exp2f(ms - mx) : 0.0f;
+  if (tid < kMaxAttnSplits) wgt[tid] = c;
+  const float lsum = warp_sum(c * ls);
+  __syncthreads();
+  if (lane == 0) red[warp][0] = lsum;
+  __syncthreads();
+  if (tid == 0) {
+    float v = cf;
+    for (int w = 0; w < kCombineThreads / 32; ++w) v += red[w][0];
+    stat[1] = v;
+  }
+  __syncthreads();
+  // warp w: splits w, w + 8, ...; lane: output d0 + lane
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int sidx = warp + kWarpsC * k;
+    if (sidx < live) acc += wgt[sidx] * ov[k];
+  }
+  if (d < D)
+    for (int sidx = warp + kWarpsC * kPre; sidx < live; sidx += kWarpsC)
+      acc += wgt[sidx] * base[size_t(sidx) * (D + 2) + d];
+  red[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && d < D) {
+    float t = f.k ? cf * f.v[size_t(fg) * D + d] : 0.0f;
+#pragma unroll
+    for (int w = 0; w < kCombineThreads / 32; ++w) t += red[w][lane];
+    out[size_t(h) * D + d] = t / stat[1];
+  }
+}
+
+}  // namespace
+
+namespace detail {
+cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
+                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh) {
+  static_assert(kMaxAttnSplits <= kCombineThreads, "one split per thread");
+  return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh);
+}
+}  // namespace detail
+
+}  // namespace kvdeck::cuda
