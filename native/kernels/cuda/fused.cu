@@ -1,8 +1,12 @@
 // fused.cu — the CUDA backend's fused decode-step kernels (one launch instead of two to four:
 // a decode step of a small model is bound by kernel count, not bytes). Contracts: kernels_cuda.h.
 // Each is launched with programmatic dependent launch (sm_90+): it waits for the previous
-// kernel (griddepcontrol.wait) before its first global access and lets the next one launch.
+// kernel (griddepcontrol.wait) before its first access to the activations (the norm's weight
+// row is read before: weights never change) and lets the next one launch.
+// Rows of n % 4 == 0 at 16-byte aligned addresses (every decode step of the engine) take the
+// float4 kernels (one L2 round trip each way); the one-value-a-lane kernels serve the rest.
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.cuh"
 #include "fused_impl.cuh"
@@ -14,6 +18,7 @@ using namespace detail;
 
 namespace {
 
+// ---- add + rmsnorm + q8 -----------------------------------------------------------------
 constexpr int kNormThreads = 256;  // rows under 2048: as elementwise.cu's rmsnorm (the same sums)
 
 // One block per row: x += y (y optional), h = x / rms(x) * w, then q8 of h (q optional).
@@ -56,6 +61,76 @@ add_rmsnorm_q8_kernel(float* x, const float* __restrict__ y, const float* __rest
   }
 }
 
+// The single-pass form of add_rmsnorm_q8_kernel (rows with n % 4 == 0, 16-byte aligned, Kp or
+// n <= 4 P T): thread t holds elements 4 (p T + t) .. + 3 of pass p as float4, every load of a
+// row issued before the first use and w loaded before the PDL wait (weights never change), one
+// barrier for the sum, then h and its q8 from registers (quant_block4: 8 lanes a 32-block).
+// The old kernel made 2 + 2 n / T dependent L2 round trips (n / T serial passes each way); this
+// one makes one. Same formulas as add_rmsnorm_q8_kernel: only the sum of squares' order differs.
+template <int P>
+__global__ void __launch_bounds__(1024)
+add_rmsnorm_q8_regs_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w, int n, float eps,
+                           float* h, int Kp, int8_t* __restrict__ q, float* __restrict__ d,
+                           int32_t* __restrict__ s) {
+  const int T = blockDim.x;  // a multiple of 32: every pass is whole 32-blocks per 8 lanes
+  float4 xv[P], wv[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = 4 * (p * T + threadIdx.x);
+    wv[p] = i < n ? *reinterpret_cast<const float4*>(w + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  float* xr = x + size_t(blockIdx.x) * n;
+  const float* yr = y ? y + size_t(blockIdx.x) * n : nullptr;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = 4 * (p * T + threadIdx.x);
+    xv[p] = i < n ? *reinterpret_cast<const float4*>(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  if (yr) {
+    float4 yv[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = 4 * (p * T + threadIdx.x);
+      yv[p] = i < n ? *reinterpret_cast<const float4*>(yr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = 4 * (p * T + threadIdx.x);
+      xv[p].x += yv[p].x, xv[p].y += yv[p].y, xv[p].z += yv[p].z, xv[p].w += yv[p].w;
+      if (i < n) *reinterpret_cast<float4*>(xr + i) = xv[p];
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    ss = fmaf(xv[p].x, xv[p].x, ss);
+    ss = fmaf(xv[p].y, xv[p].y, ss);
+    ss = fmaf(xv[p].z, xv[p].z, ss);
+    ss = fmaf(xv[p].w, xv[p].w, ss);
+  }
+  __shared__ float part[32];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.0f;
+  for (int i = 0; i < T / 32; ++i) tot += part[i];
+  const float inv = rsqrtf(tot / float(n) + eps);
+  float* hr = h + size_t(blockIdx.x) * n;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = 4 * (p * T + threadIdx.x);
+    float v[4] = {xv[p].x * inv * wv[p].x, xv[p].y * inv * wv[p].y, xv[p].z * inv * wv[p].z,
+                  xv[p].w * inv * wv[p].w};
+    if (i < n) *reinterpret_cast<float4*>(hr + i) = make_float4(v[0], v[1], v[2], v[3]);
+    if (q && 4 * p * T < Kp)  // uniform
+      quant_block4(v, i, Kp, q + size_t(blockIdx.x) * Kp, d + size_t(blockIdx.x) * (Kp / 32),
+                   s + size_t(blockIdx.x) * (Kp / 32));
+  }
+}
+
+// ---- silu(a) * b + q8 -------------------------------------------------------------------
 // One warp per 32-block of a row: y = silu(a) * b, then its q8.
 __global__ void silu_mul_q8_kernel(const float* __restrict__ a, const float* __restrict__ b, int M, int n, int Kp,
                                    float* __restrict__ y, int8_t* __restrict__ q, float* __restrict__ d,
@@ -75,6 +150,33 @@ __global__ void silu_mul_q8_kernel(const float* __restrict__ a, const float* __r
   quant_block(v, k < n, int(size_t(m) * Kp + k), q, d, s, blk);
 }
 
+// silu_mul_q8_kernel four values a lane (n % 4 == 0, 16-byte aligned): item j is values 4 j ..
+// + 3 of the [M, Kp] output, 8 lanes a 32-block (quant_block4), float4 loads and stores: a
+// quarter of the threads and shuffles for the same bytes, the same formula per value.
+__global__ void __launch_bounds__(128)
+silu_mul_q8_vec_kernel(const float* __restrict__ a, const float* __restrict__ b, int M, int n, int Kp,
+                       float* __restrict__ y, int8_t* __restrict__ q, float* __restrict__ d,
+                       int32_t* __restrict__ s) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int per = Kp / 4;
+  const size_t j = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool row_ok = j < size_t(M) * per;  // 8-lane groups are wholly in or out (per % 8 == 0)
+  const int m = row_ok ? int(j / per) : 0, k = row_ok ? int(j % per) * 4 : Kp;
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (k < n) {
+    const float4 g = *reinterpret_cast<const float4*>(a + size_t(m) * n + k);
+    const float4 u = *reinterpret_cast<const float4*>(b + size_t(m) * n + k);
+    v[0] = g.x / (1.0f + expf(-g.x)) * u.x;
+    v[1] = g.y / (1.0f + expf(-g.y)) * u.y;
+    v[2] = g.z / (1.0f + expf(-g.z)) * u.z;
+    v[3] = g.w / (1.0f + expf(-g.w)) * u.w;
+    *reinterpret_cast<float4*>(y + size_t(m) * n + k) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+  quant_block4(v, k, Kp, q + size_t(m) * Kp, d + size_t(m) * (Kp / 32), s + size_t(m) * (Kp / 32));
+}
+
+// ---- RoPE + KV write -----------------------------------------------------------------------
 // RoPE of q and k and the KV write, one launch: one work item per thread (fused_impl.cuh). NVFP4
 // pools: the q pairs (padded to whole warps), then one thread per K / V value (kv_nvfp4_value)
 // instead of one per 16-value block, where a thread's 16 serial sincosf and divisions were the
@@ -97,11 +199,33 @@ __global__ void rope_kv_write_kernel(const RopeKvArgs a) {
   kv_nvfp4_value(a, j, j < size_t(a.M) * a.nkv * 2 * a.D);
 }
 
+bool aligned16(const void* a, const void* b, const void* c, const void* d) {
+  return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
+           reinterpret_cast<uintptr_t>(d)) & 15u) == 0;
+}
+
+// KVDECK_CUDA_NORM_SERIAL=1: the one-value-a-lane kernels (an A/B switch for the benchmarks).
+bool serial_norm() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVDECK_CUDA_NORM_SERIAL");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
 }  // namespace
 
 cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int n, float eps, float* h, int Kp,
                            int8_t* q, float* d, int32_t* s, cudaStream_t stream) {
   if (M < 1 || n < 1 || (q && (Kp % 32 != 0 || Kp < n || Kp - n >= 32))) return cudaErrorInvalidValue;
+  const int span = q ? Kp : n;  // elements the block covers (the q8 padding included)
+  if (n % 4 == 0 && aligned16(x, y, w, h) && span <= 4 * 4 * 1024 && !serial_norm()) {
+    const int P = span <= 4 * 1024 ? 1 : span <= 2 * 4 * 1024 ? 2 : 4;
+    const int threads = ((span / 4 + P - 1) / P + 31) / 32 * 32;  // 4 P threads >= span, <= 1024
+    auto* k = P == 1 ? add_rmsnorm_q8_regs_kernel<1> : P == 2 ? add_rmsnorm_q8_regs_kernel<2>
+                                                               : add_rmsnorm_q8_regs_kernel<4>;
+    return launch_kernel(k, dim3(M), dim3(threads), stream, true, x, y, w, n, eps, h, Kp, q, d, s);
+  }
   if (n >= 2048)
     return launch_kernel(add_rmsnorm_q8_kernel<1024>, dim3(M), dim3(1024), stream, true, x, y, w, n, eps, h, Kp, q,
                          d, s);
@@ -112,6 +236,11 @@ cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int 
 cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, float* y, int8_t* q, float* d,
                         int32_t* s, cudaStream_t stream) {
   if (M < 1 || n < 1 || Kp % 32 != 0 || Kp < n || Kp - n >= 32) return cudaErrorInvalidValue;
+  if (n % 4 == 0 && aligned16(a, b, y, nullptr) && !serial_norm()) {
+    const size_t items = size_t(M) * (Kp / 4);
+    return launch_kernel(silu_mul_q8_vec_kernel, dim3(unsigned((items + 127) / 128)), dim3(128), stream, true, a, b,
+                         M, n, Kp, y, q, d, s);
+  }
   const int blocks = M * (Kp / 32);
   return launch_kernel(silu_mul_q8_kernel, dim3((blocks + 7) / 8), dim3(256), stream, true, a, b, M, n, Kp, y, q,
                        d, s);

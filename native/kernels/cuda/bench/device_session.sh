@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [tests] [bench] [8b] [profile] [kernels] [real]
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [kernels] [real]
+# fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
+#        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
 #       and the seed-000 task via `kvdeck check-prefix --device cuda` (wheels carried in .whl/).
 # Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
@@ -28,6 +30,14 @@ for step in "$@"; do
         native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu \
         native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma 2>&1 | tail -20
       for m in 512 64; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
+    fused)
+      o=build/dev/CMakeFiles/kvdeck_cuda.dir/native/kernels/cuda
+      nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
+        native/kernels/cuda/bench/fused/check_fused.cu $o/fused.cu.o $o/gemv.cu.o $o/elementwise.cu.o \
+        -o build/check_fused 2>&1 | tail -20
+      for serial in 0 1; do
+        KVDECK_CUDA_NORM_SERIAL=$serial timeout 60 build/check_fused 2>&1 | tee -a "$out/fused.log"
+      done ;;
     tests)
       timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda \
         tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
