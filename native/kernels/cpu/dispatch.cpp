@@ -103,6 +103,10 @@ bool set_kernel_isa(const char* name) {
   return true;
 }
 
+WeightLayout preferred_layout(const WeightView& w) {
+  return w.dtype == DType::NVFP4 ? cpu::active_kernels().nvfp4_layout : WeightLayout::File;
+}
+
 void quantize_act_q8(const float* x, int M, int K, ActQ8& out) {
   const cpu::KernelSet* k = active().load(std::memory_order_relaxed);
   if (out.q16)  // 16-bit activations (gemm_a16.cpp)

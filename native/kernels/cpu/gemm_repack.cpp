@@ -54,11 +54,6 @@ void repack_nvfp4_x4(const uint8_t* codes, const uint8_t* scales, int N, int Kp,
   }
 }
 
-WeightLayout preferred_layout(const WeightView& w) {
-  (void)w;
-  return w.dtype == DType::NVFP4 ? cpu::active_kernels().nvfp4_layout : WeightLayout::File;
-}
-
 namespace cpu {
 
 void pack_acts_x4(const ActQ8& xq, const X4Geom& geo, int m0, int mb, X4Acts* out /*[mb, packed]*/) {

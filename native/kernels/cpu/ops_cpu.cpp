@@ -1,4 +1,4 @@
-// Row kernels of the CPU backend: RMSNorm, RoPE, SiLU·mul, f16 conversion.
+// Row kernels of the CPU backend: RMSNorm, RoPE, SiLU·mul, 8-bit rows to f32 (f16 rows: f16_rows.cpp).
 // Plain loops written for the auto-vectoriser; on x86 each hot one is cloned for AVX-512
 // and AVX2 and the loader picks a clone at run time (no -march flags anywhere).
 #include <algorithm>
@@ -62,45 +62,11 @@ void silu_mul_row(const float* a, const float* b, int n, float* y) {
   silu_mul_row_loop(a, b, n, y);
 }
 
-// ---- f16 conversion -------------------------------------------------------------------
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t* h, float* f,
-                                                                  int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-  for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
-}
-__attribute__((target("avx2,f16c"))) static void f32_to_f16_f16c(const float* f, uint16_t* h,
-                                                                  int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT));
-  for (; i < n; ++i) h[i] = _cvtss_sh(f[i], _MM_FROUND_TO_NEAREST_INT);
-}
-static const bool kHasF16C = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
-#endif
-
-void f16_to_f32_row(const uint16_t* h, float* f, int n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (kHasF16C) return f16_to_f32_f16c(h, f, n);
-#endif
-  for (int i = 0; i < n; ++i) f[i] = f16_to_f32(h[i]);
-}
-
 void w8a8_row_to_f32(const int8_t* q, const uint16_t* d, float* f, int n) {
   for (int b = 0; b * 32 < n; ++b) {
     const float s = f16_to_f32(d[b]);
     for (int j = b * 32, e = std::min(n, j + 32); j < e; ++j) f[j] = s * static_cast<float>(q[j]);
   }
-}
-
-void f32_to_f16_row(const float* f, uint16_t* h, int n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (kHasF16C) return f32_to_f16_f16c(f, h, n);
-#endif
-  for (int i = 0; i < n; ++i) h[i] = f32_to_f16(f[i]);
 }
 
 }  // namespace kvdeck::cpu

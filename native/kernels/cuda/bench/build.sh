@@ -13,7 +13,8 @@ mkdir -p "$obj"
 flags=(-O3 -std=c++17 $arch -I"$root/native/include" -I"$root/native" -I"$root/native/kernels/cuda")
 srcs=("$root"/native/kernels/cuda/*.cu "$root"/native/kernels/cuda/bench/*.cu
       "$root/native/src/formats.cpp" "$root/native/kernels/cpu/gemm_scalar.cpp"
-      "$root/native/kernels/cpu/kv_codec_cpu.cpp")
+      "$root/native/kernels/cpu/kv_codec_cpu.cpp" "$root/native/kernels/cpu/f16_rows.cpp"
+      "$root/native/kernels/cpu/gemm_repack.cpp")
 pids=()
 objs=()
 for s in "${srcs[@]}"; do
