@@ -236,6 +236,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
         e.k_pages = pool.k(layer), e.v_pages = pool.v(layer), e.slots = slots, e.ctx = ctx_;
         launch_gemv(&e);
         ctx_fresh_ = kr.pos;
+        unroped_k_ = kr;  // as rope_kv_write, the epilogue leaves k unrotated in its buffer
         return;
       }
       flush();

@@ -103,7 +103,10 @@ def test_kv_write_bytes_equal_cpu_codec(cpu, gpu, kv):
         np.testing.assert_array_equal(a, b)
 
 
-KV_TOL = [("f32", 1e-5), ("f16", 1e-5), ("nvfp4", 2e-3), ("nvfp4r", 1e-5), ("k8v4", 1e-5)]
+# nvfp4 decode rounds q on both backends, differently: to f16 on CUDA's tensor cores, to int8 per
+# 16 values for the CPU's integer scores (attention_avx2.cpp); each is checked against float64
+# on its own side (tests/native/test_attention.py); measured 5.3e-3 apart at 900 / 5000 tokens.
+KV_TOL = [("f32", 1e-5), ("f16", 1e-5), ("nvfp4", 1e-2), ("nvfp4r", 1e-5), ("k8v4", 1e-5)]
 
 
 @pytest.mark.parametrize("kv, tol", KV_TOL)
@@ -115,7 +118,7 @@ def test_attention_matches_cpu(cpu, gpu, kv, tol, M, p0):
     v = RNG.standard_normal((p0 + M, nkv, D)).astype(np.float32)
     want = cpu.attention(q, k, v, p0, kv)
     got = gpu.attention(q, k, v, p0, kv)
-    assert _rel(got, want) < tol  # nvfp4 decode: q rounded to f16 on the tensor cores
+    assert _rel(got, want) < tol
 
 
 @pytest.mark.parametrize("kv, tol", KV_TOL[1:])
