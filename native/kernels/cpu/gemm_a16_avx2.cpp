@@ -10,9 +10,7 @@
 //   maddubs(nib u8, hi s8): pair <= 2*15*128 = 3840; (lo u8, nib as s8 0..15): <= 2*255*15 =
 //   7650; the even and odd halves are added in int16 (7680 / 15300 < 32767), then widened to
 //   int32 by madd with 256 and with 1. The planes are packed per call like gemm_avx2.cpp's
-//   PairPack (even / odd elements of two 32-blocks meet one 32-byte load of codes). This is
-//   the decode GEMV; the GEMM (M > 1) widens each weight row tile to int16 once and uses madd
-//   (gemm_q4a16_rows: fewer integer ops per activation row).
+//   PairPack (even / odd elements of two 32-blocks meet one 32-byte load of codes).
 // W8A8: the int8 weights sign-extended to int16, madd with the int16 activations.
 // Floats as gemm_avx2.cpp: int32 lanes converted and scaled per block (not bit-identical with
 // the scalar order of float sums; the integer sums are exact, tests/native/test_a16.py).
@@ -207,125 +205,6 @@ std::vector<Pack16>& pack_scratch() {
   return v;
 }
 
-// ---- GEMM (M > 1): weights widened once per row tile to int16, madd with the activations ----
-// A tile of kGemmRowsN weight rows is widened to int16 [RN, 64P] (Q4_0: nibble - 8, Q4_1:
-// nibble; a missing last block zero) with its scales as lane patterns per pair of 32-blocks;
-// every activation row m then costs per pair 4 madd (int16 x int16 -> int32, |lane| <= 2 * 15
-// * 32767), and hadd merges the two blocks' lanes (0,1,4,5: block 2p; 2,3,6,7: block 2p+1) for
-// one FMA with scale * d_a. With mins, y += sum_b (d_a s_a) * min after the tile (8 blocks a
-// step). Fewer integer ops per activation row than the byte planes (which the GEMV keeps:
-// there the widening would be paid per row).
-struct RowsScratch {
-  std::vector<int16_t> w;    // [RN, 64P]
-  std::vector<float> wpat;   // [RN, P, 8]
-  std::vector<float> dpat;   // [mb, P, 8]
-  std::vector<float> ds;     // [mb, nb]: d_a * s_a (mins)
-};
-RowsScratch& rows_scratch() {
-  thread_local RowsScratch s;
-  return s;
-}
-
-inline __m256 pair_pattern(float b0, float b1) { return _mm256_setr_ps(b0, b0, b1, b1, b0, b0, b1, b1); }
-
-template <bool kMins>
-void gemm_q4a16_rows(const WeightView& w, const ActQ8& xq, int m0, int mb, float* y, int ldy, int n0, int n1) {
-  constexpr int RN = kGemmRowsN, RM = kGemmRowsM;
-  const int Kp = w.Kp, nb = Kp / kQ8Block, P = (nb + 1) / 2, K2 = 64 * P;
-  RowsScratch& S = rows_scratch();
-  S.w.assign(size_t(RN) * K2, 0);
-  S.wpat.resize(size_t(RN) * P * 8);
-  S.dpat.resize(size_t(mb) * P * 8);
-  if (kMins) S.ds.resize(size_t(mb) * nb);
-  for (int mi = 0; mi < mb; ++mi)
-    for (int p = 0; p < P; ++p) {
-      const float* d = xq.d + size_t(m0 + mi) * nb;
-      _mm256_storeu_ps(&S.dpat[(size_t(mi) * P + p) * 8], pair_pattern(d[2 * p], 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f));
-      if (kMins)
-        for (int b = 2 * p; b < std::min(nb, 2 * p + 2); ++b)
-          S.ds[size_t(mi) * nb + b] = d[b] * float(xq.s[size_t(m0 + mi) * nb + b]);
-    }
-  const auto* scales = static_cast<const uint16_t*>(w.scales);  // f16 [N, nb]
-  const auto* mins = static_cast<const uint16_t*>(w.mins);      // f16 [N, nb] or null
-  const __m128i nib = _mm_set1_epi8(0x0F);
-  const __m256i off = _mm256_set1_epi16(kMins ? 0 : kW4a8Offset);
-  auto widen = [&](int n, int slot) {  // row n -> S.w[slot], S.wpat[slot]
-    const uint8_t* cr = static_cast<const uint8_t*>(w.data) + size_t(n) * (Kp / 2);
-    int16_t* dst = S.w.data() + size_t(slot) * K2;
-    for (int b = 0; b < nb; ++b) {
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cr + 16 * b));
-      const __m128i lo = _mm_and_si128(c, nib), hi = _mm_and_si128(_mm_srli_epi16(c, 4), nib);
-      const __m256i e0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi)), off);  // elements 0..15
-      const __m256i e1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo, hi)), off);  // 16..31
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b), e0);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * b + 16), e1);
-    }
-    const uint16_t* sr = scales + size_t(n) * nb;
-    for (int p = 0; p < P; ++p)
-      _mm256_storeu_ps(&S.wpat[(size_t(slot) * P + p) * 8],
-                       pair_pattern(_cvtsh_ss(sr[2 * p]), 2 * p + 1 < nb ? _cvtsh_ss(sr[2 * p + 1]) : 0.0f));
-  };
-  auto mins_term = [&](int n, int mi) -> float {  // sum_b d_a s_a min[n, b]
-    const uint16_t* mr = mins + size_t(n) * nb;
-    const float* ds = S.ds.data() + size_t(mi) * nb;
-    __m256 acc = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 8 <= nb; b += 8)
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(ds + b), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mr + b))), acc);
-    float t = hsum(acc);
-    for (; b < nb; ++b) t += ds[b] * _cvtsh_ss(mr[b]);
-    return t;
-  };
-  for (int n = n0; n < n1; n += RN) {
-    const int rn = std::min(RN, n1 - n);
-    for (int i = 0; i < RN; ++i) {
-      if (i < rn) {
-        widen(n + i, i);
-      } else {  // a partial tile: zero weights, results not stored
-        std::fill(S.w.begin() + size_t(i) * K2, S.w.begin() + size_t(i + 1) * K2, int16_t(0));
-        std::fill(S.wpat.begin() + size_t(i) * P * 8, S.wpat.begin() + size_t(i + 1) * P * 8, 0.0f);
-      }
-    }
-    for (int m = 0; m < mb; m += RM) {
-      const int rm = std::min(RM, mb - m);
-      __m256 acc[RN][RM];
-      const int16_t* a[RM];
-      for (int j = 0; j < RM; ++j) {
-        a[j] = xq.q16 + size_t(m0 + m + std::min(j, rm - 1)) * Kp;  // a partial tile repeats its last row
-        for (int i = 0; i < RN; ++i) acc[i][j] = _mm256_setzero_ps();
-      }
-      for (int p = 0; p < P; ++p) {
-        const bool full = 2 * p + 1 < nb;  // the activations hold no block 2p+1 past nb
-        for (int j = 0; j < RM; ++j) {
-          const int16_t* ap = a[j] + 64 * p;
-          const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap));
-          const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + 16));
-          const __m256i a2 = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + 32)) : _mm256_setzero_si256();
-          const __m256i a3 = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + 48)) : _mm256_setzero_si256();
-          const __m256 dp = _mm256_loadu_ps(&S.dpat[(size_t(std::min(m + j, mb - 1)) * P + p) * 8]);
-          for (int i = 0; i < RN; ++i) {
-            const int16_t* wp = S.w.data() + size_t(i) * K2 + 64 * p;
-            const __m256i s0 = _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp)), a0),
-                _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 16)), a1));
-            const __m256i s1 = _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32)), a2),
-                _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 48)), a3));
-            const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(&S.wpat[(size_t(i) * P + p) * 8]), dp);
-            acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(s0, s1)), sc, acc[i][j]);
-          }
-        }
-      }
-      for (int j = 0; j < rm; ++j)
-        for (int i = 0; i < rn; ++i) {
-          float v = hsum(acc[i][j]);
-          if (kMins) v += mins_term(n + i, m + j);
-          y[size_t(m0 + m + j) * ldy + n + i] = v;
-        }
-    }
-  }
-}
-
 template <bool kMins>
 void gemm_q4a16(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   const int Kp = w.Kp, nb = Kp / kQ8Block, P = (nb + 1) / 2;
@@ -334,25 +213,55 @@ void gemm_q4a16(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, 
             static_cast<const uint16_t*>(w.scales) + size_t(n) * nb,
             kMins ? static_cast<const uint16_t*>(w.mins) + size_t(n) * nb : nullptr};
   };
-  if (M > 1) {  // GEMM: activation blocks of kMBlock rows (kept in L2)
-    for (int m0 = 0; m0 < M; m0 += kMBlock) gemm_q4a16_rows<kMins>(w, xq, m0, std::min(kMBlock, M - m0), y, ldy, n0, n1);
-    return;
-  }
-  std::vector<Pack16>& S = pack_scratch();  // decode GEMV: kGemvRows rows share each activation load
-  S.resize(size_t(P));
-  pack16<kMins>(xq, 0, 1, P, S.data());
-  const Pack16* a[1] = {S.data()};
-  int n = n0;
-  for (; n + kGemvRows <= n1; n += kGemvRows) {
-    QRow r[kGemvRows];
-    for (int i = 0; i < kGemvRows; ++i) r[i] = row(n + i);
-    float* yp[1] = {y + n};
-    tile16<kMins, kGemvRows, 1>(r, a, nb, yp);
-  }
-  for (; n < n1; ++n) {
-    QRow r[1] = {row(n)};
-    float* yp[1] = {y + n};
-    tile16<kMins, 1, 1>(r, a, nb, yp);
+  std::vector<Pack16>& S = pack_scratch();
+  S.resize(size_t(std::min(M, kMBlock)) * P);
+  for (int m0 = 0; m0 < M; m0 += kMBlock) {
+    const int mb = std::min(kMBlock, M - m0);
+    pack16<kMins>(xq, m0, mb, P, S.data());
+    const Pack16* A = S.data();  // [mb, P]
+    if (mb == 1) {  // decode GEMV: kGemvRows rows share each activation load
+      int n = n0;
+      for (; n + kGemvRows <= n1; n += kGemvRows) {
+        QRow r[kGemvRows];
+        for (int i = 0; i < kGemvRows; ++i) r[i] = row(n + i);
+        const Pack16* a[1] = {A};
+        float* yp[1] = {y + size_t(m0) * ldy + n};
+        tile16<kMins, kGemvRows, 1>(r, a, nb, yp);
+      }
+      for (; n < n1; ++n) {
+        QRow r[1] = {row(n)};
+        const Pack16* a[1] = {A};
+        float* yp[1] = {y + size_t(m0) * ldy + n};
+        tile16<kMins, 1, 1>(r, a, nb, yp);
+      }
+      continue;
+    }
+    int n = n0;  // GEMM: kGemmRowsN weight rows stay in L1 across the m tiles of this block
+    for (; n + kGemmRowsN <= n1; n += kGemmRowsN) {
+      QRow r[kGemmRowsN];
+      for (int i = 0; i < kGemmRowsN; ++i) r[i] = row(n + i);
+      int m = 0;
+      constexpr int RM = kGemmRowsM;
+      for (; m + RM <= mb; m += RM) {
+        const Pack16* a[RM];
+        float* yp[RM];
+        for (int i = 0; i < RM; ++i) a[i] = A + size_t(m + i) * P, yp[i] = y + size_t(m0 + m + i) * ldy + n;
+        tile16<kMins, kGemmRowsN, RM>(r, a, nb, yp);
+      }
+      for (; m < mb; ++m) {
+        const Pack16* a[1] = {A + size_t(m) * P};
+        float* yp[1] = {y + size_t(m0 + m) * ldy + n};
+        tile16<kMins, kGemmRowsN, 1>(r, a, nb, yp);
+      }
+    }
+    for (; n < n1; ++n) {
+      QRow r[1] = {row(n)};
+      for (int m = 0; m < mb; ++m) {
+        const Pack16* a[1] = {A + size_t(m) * P};
+        float* yp[1] = {y + size_t(m0 + m) * ldy + n};
+        tile16<kMins, 1, 1>(r, a, nb, yp);
+      }
+    }
   }
 }
 
