@@ -304,8 +304,12 @@ void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ld
     gemm_w8a16(w, xq, M, y, ldy, n0, n1);
   else if (w.group != kQ8Block)
     gemm_a16_scalar(w, xq, M, y, ldy, n0, n1);
-  else if (w.mins)
+  else if (w.mins && M == 1)  // decode: the minimum's term fused into the GEMV
     gemm_q4a16<true>(w, xq, M, y, ldy, n0, n1);
+  else if (w.mins) {  // GEMM: as Q4_0 (t - 8 s), then + d_a s (min + 8 scale) 8 blocks a step
+    gemm_q4a16<false>(w, xq, M, y, ldy, n0, n1);
+    w4a8_mins_avx2(w, xq, M, y, ldy, n0, n1);
+  }
   else
     gemm_q4a16<false>(w, xq, M, y, ldy, n0, n1);
 }
