@@ -110,12 +110,22 @@ void pack16(const ActQ8& xq, int m0, int mb, int P, Pack16* out /*[mb, P]*/) {
           for (int j = 0; j < 4; ++j) pk.corr[4 * h + j] = 0, pk.d[4 * h + j] = 0.0f;
           continue;
         }
+        // the 64 bytes of the block's 32 int16 -> its four 16-byte planes: per 128-bit lane gather
+        // [even lo | odd lo | even hi | odd hi] 4 bytes each (A B C D), then regroup the lanes
         const int16_t* qb = q + b * kQ8Block;  // [32]
-        for (int i = 0; i < 16; ++i) {
-          const int e = qb[2 * i], o = qb[2 * i + 1];
-          pk.even_hi[16 * h + i] = int8_t(e >> 8), pk.even_lo[16 * h + i] = uint8_t(e & 0xFF);
-          pk.odd_hi[16 * h + i] = int8_t(o >> 8), pk.odd_lo[16 * h + i] = uint8_t(o & 0xFF);
-        }
+        const __m256i sh = _mm256_setr_epi8(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15,
+                                            0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
+        const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        const __m256i t0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)), sh);
+        const __m256i t1 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 16)), sh);
+        const __m256i p0 = _mm256_permutevar8x32_epi32(t0, idx);  // [A0 A1 B0 B1 | C0 C1 D0 D1]
+        const __m256i p1 = _mm256_permutevar8x32_epi32(t1, idx);  // [A2 A3 B2 B3 | C2 C3 D2 D3]
+        const __m256i ev = _mm256_unpacklo_epi64(p0, p1);         // [even lo | even hi]
+        const __m256i od = _mm256_unpackhi_epi64(p0, p1);         // [odd lo | odd hi]
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.even_lo + 16 * h), _mm256_castsi256_si128(ev));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.even_hi + 16 * h), _mm256_extracti128_si256(ev, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.odd_lo + 16 * h), _mm256_castsi256_si128(od));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.odd_hi + 16 * h), _mm256_extracti128_si256(od, 1));
         const float d = xq.d[size_t(m) * nb + b];
         const int32_t s = xq.s[size_t(m) * nb + b];
         if (kMins) {
