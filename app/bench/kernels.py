@@ -10,7 +10,8 @@ For every weight format and every ISA the CPU supports:
   * GEMM (M = 64, 512, prefill; one thread): GFLOP/s (2*M*N*K per call).
 Formats: f32, f16, nvfp4 (the file layout), nvfp4_x4 (nvfp4 repacked as the CPU backend does at
 load, kernels.h WeightLayout::Nvfp4X4), w4a8 (group 32), q4_1 (w4a8 + per-32 minimums: the
-gguf folder's GGUF Q4_1 blocks). Same weight bytes for nvfp4, nvfp4_x4 and w4a8 (4.5 bits per
+gguf folder's GGUF Q4_1 blocks); w4a8_a16 and q4_1_a16 the same weights on 16-bit
+activations (the gguf folder's default, gemm_a16*.cpp). Same weight bytes for nvfp4, nvfp4_x4 and w4a8 (4.5 bits per
 weight); q4_1 adds 0.5. Each ISA x format is validated against a float64 numpy oracle first.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ SHAPES = {  # name: (N, K)
     "lm_head": (49152, 576),
 }
 GEMM_M = (64, 512)
-FORMATS = ("f32", "f16", "nvfp4", "nvfp4_x4", "w4a8", "q4_1")
+FORMATS = ("f32", "f16", "nvfp4", "nvfp4_x4", "w4a8", "q4_1", "w4a8_a16", "q4_1_a16")
 ISAS = ("scalar", "avx2", "avx512vnni")
 COPY_BYTES = 256 << 20      # memcpy reference buffer
 STREAM_BYTES = 128 << 20    # weight stack for the streaming GEMV (4x a 32 MiB L3)
@@ -93,19 +94,20 @@ def _random_weights(k, fmt: str, N: int, K: int, rng) -> tuple[dict, int]:
     else:
         w = dict(data=rng.integers(0, 256, (N, Kp // 2), dtype=np.uint8),
                  scales=(rng.random((N, Kp // 32), dtype=np.float32) * 0.01).astype(np.float16))
-        if fmt == "q4_1":
+        if fmt.startswith("q4_1"):
             w["mins"] = (rng.random((N, Kp // 32), dtype=np.float32) * -0.05).astype(np.float16)
     nbytes = sum(v.nbytes for v in w.values() if isinstance(v, np.ndarray))
     return w, nbytes
 
 
 def _dtype(fmt: str) -> str:
-    return {"nvfp4_x4": "nvfp4", "q4_1": "w4a8"}.get(fmt, fmt)
+    return {"nvfp4_x4": "nvfp4", "q4_1": "w4a8", "w4a8_a16": "w4a8", "q4_1_a16": "w4a8"}.get(fmt, fmt)
 
 
 def _call(k, fmt, w, x, repeat=1, n0=0, n1=None):
     kw = {key: v for key, v in w.items() if key != "data"}
-    return k.gemm(_dtype(fmt), w["data"], x, repeat=repeat, n0=n0, n1=n1, **kw)
+    bits = 16 if fmt.endswith("_a16") else 8
+    return k.gemm(_dtype(fmt), w["data"], x, repeat=repeat, n0=n0, n1=n1, act_bits=bits, **kw)
 
 
 def _timed(k, fmt, w, x, reps: int, threads: int) -> float:
@@ -173,10 +175,13 @@ def validate(k, fmt: str, rng) -> float:
         kw = dict(data=t.codes, scales=t.scales)
         wd = ((unpack_nibbles(t.codes).astype(np.float64) - 8)
               * np.repeat(t.scales.astype(np.float64), t.group, axis=1))[:, :K]
-        if fmt == "q4_1":  # w = q * scale + (min + 8 * scale), min of the block
+        if fmt.startswith("q4_1"):  # w = q * scale + (min + 8 * scale), min of the block
             kw["mins"] = (rng.standard_normal((N, t.scales.shape[1])) * 0.01).astype(np.float16)
             wd = wd + np.repeat(kw["mins"].astype(np.float64) + 8 * t.scales.astype(np.float64), 32, axis=1)[:, :K]
-    if fmt not in ("f32", "f16"):
+    if fmt.endswith("_a16"):  # the 16-bit quantiser (checked against numpy in tests/native/test_a16.py)
+        q, d, _ = k.quantize_act_q8(x, bits=16)
+        xd = (q.reshape(M, -1, 32) * d[:, :, None].astype(np.float64)).reshape(M, -1)[:, :K]
+    elif fmt not in ("f32", "f16"):
         q, d, _ = quantize_act_q8(x)
         xd = (q.reshape(M, -1, 32) * d[:, :, None].astype(np.float64)).reshape(M, -1)[:, :K]
     y = _call(k, fmt, kw, x)

@@ -75,6 +75,8 @@ void quantize_act_q16_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out) {
 namespace {
 
 // ---- tuning constants (as gemm_avx2.cpp's W4A8 path) -------------------------------
+// GEMM tiles measured at M = 64 (2026-12-01, load 4; a16 time / a8 time, Q4_1 and Q4_0):
+// 2x4 1.84 / 1.59, 2x3 1.85 / 1.58, 1x4 2.11 / 1.96: 2x4 kept.
 constexpr int kGemvRows = 4;   // weight rows per GEMV step
 constexpr int kGemmRowsN = 2;  // weight rows x activation rows per GEMM register tile
 constexpr int kGemmRowsM = 4;
@@ -110,12 +112,22 @@ void pack16(const ActQ8& xq, int m0, int mb, int P, Pack16* out /*[mb, P]*/) {
           for (int j = 0; j < 4; ++j) pk.corr[4 * h + j] = 0, pk.d[4 * h + j] = 0.0f;
           continue;
         }
+        // the 64 bytes of the block's 32 int16 -> its four 16-byte planes: per 128-bit lane gather
+        // [even lo | odd lo | even hi | odd hi] 4 bytes each (A B C D), then regroup the lanes
         const int16_t* qb = q + b * kQ8Block;  // [32]
-        for (int i = 0; i < 16; ++i) {
-          const int e = qb[2 * i], o = qb[2 * i + 1];
-          pk.even_hi[16 * h + i] = int8_t(e >> 8), pk.even_lo[16 * h + i] = uint8_t(e & 0xFF);
-          pk.odd_hi[16 * h + i] = int8_t(o >> 8), pk.odd_lo[16 * h + i] = uint8_t(o & 0xFF);
-        }
+        const __m256i sh = _mm256_setr_epi8(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15,
+                                            0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
+        const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        const __m256i t0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)), sh);
+        const __m256i t1 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 16)), sh);
+        const __m256i p0 = _mm256_permutevar8x32_epi32(t0, idx);  // [A0 A1 B0 B1 | C0 C1 D0 D1]
+        const __m256i p1 = _mm256_permutevar8x32_epi32(t1, idx);  // [A2 A3 B2 B3 | C2 C3 D2 D3]
+        const __m256i ev = _mm256_unpacklo_epi64(p0, p1);         // [even lo | even hi]
+        const __m256i od = _mm256_unpackhi_epi64(p0, p1);         // [odd lo | odd hi]
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.even_lo + 16 * h), _mm256_castsi256_si128(ev));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.even_hi + 16 * h), _mm256_extracti128_si256(ev, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.odd_lo + 16 * h), _mm256_castsi256_si128(od));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pk.odd_hi + 16 * h), _mm256_extracti128_si256(od, 1));
         const float d = xq.d[size_t(m) * nb + b];
         const int32_t s = xq.s[size_t(m) * nb + b];
         if (kMins) {
@@ -304,8 +316,12 @@ void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ld
     gemm_w8a16(w, xq, M, y, ldy, n0, n1);
   else if (w.group != kQ8Block)
     gemm_a16_scalar(w, xq, M, y, ldy, n0, n1);
-  else if (w.mins)
+  else if (w.mins && M == 1)  // decode: the minimum's term fused into the GEMV
     gemm_q4a16<true>(w, xq, M, y, ldy, n0, n1);
+  else if (w.mins) {  // GEMM: as Q4_0 (t - 8 s), then + d_a s (min + 8 scale) 8 blocks a step
+    gemm_q4a16<false>(w, xq, M, y, ldy, n0, n1);
+    w4a8_mins_avx2(w, xq, M, y, ldy, n0, n1);
+  }
   else
     gemm_q4a16<false>(w, xq, M, y, ldy, n0, n1);
 }
