@@ -55,10 +55,10 @@ def task(device: str, kv: str, calls: int, gen: int, tensors) -> dict:
     }
 
 
-def seed000(out: dict, calls: int = 4, gen: int = 64) -> None:
+def seed000(out: dict, calls: int = 4, gen: int = 64, devices: tuple[str, ...] = ("cuda", "cpu")) -> None:
     t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=0)
     rows = []
-    for device in ("cuda", "cpu"):
+    for device in devices:
         r = task(device, "f16", calls, gen, t)
         rows.append(r)
         print(f"  seed-000 task ({calls} calls, {gen} tokens each, f16 KV) on {device}: "

@@ -62,6 +62,12 @@ for step in "$@"; do
         timeout 300 python3 -m app check-prefix --task assets/tasks/seed000.toml --weights nvfp4 --kv f16 \
           --device $dev --db /tmp/seed-$dev.db 2>&1 | tee "$out/check_prefix_$dev.log" | tail -25
       done ;;
+    seed)  # bench gpu's seed-000 rows, the CUDA backend only
+      timeout 120 python3 -c "from app.bench import gpu_seed; gpu_seed.seed000({}, devices=('cuda',))" 2>&1 \
+        | tee "$out/seed.log" ;;
+    cpu)  # CPU kernel tests on this machine's CPU (the device's host has AVX-512 VNNI; ours does not)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/native/test_a16.py tests/native/test_attention.py \
+        2>&1 | tee "$out/cpu_tests.log" | tail -15 ;;
     kernels)
       timeout 500 python3 native/kernels/cuda/bench/run_bench.py --json "$out/kernels.json" 2>&1 \
         | tee "$out/kernels.log" | tail -60 ;;
