@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [kernels] [real]
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [kernels] [real] [seed] [cpu]
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
