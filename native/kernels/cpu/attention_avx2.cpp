@@ -8,10 +8,10 @@
 // f16 pages are read in place (F16C in registers). nvfp4 pages (attention_scores_int8) are
 // scored with integer dot products on the codes (attention_nvfp4_avx2.cpp) and their V rows
 // widened once per page into an f32 tile the G heads share. A segment's pages are walked once
-// for all KV heads (contiguous reads) with the next page prefetched a few lines at a time. The prefill kernel
-// (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows (summation tree,
-// softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4 pages decode
-// differs from it by q's int8 rounding (ops_cpu.h).
+// for all KV heads (contiguous reads), the page after next prefetched a few lines at a time.
+// The prefill kernel (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows
+// (summation tree, softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4
+// pages decode differs from it by q's int8 rounding (ops_cpu.h).
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -116,7 +116,9 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   for (int ps = t0; ps < t1; ps += B) {
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
-    attn_avx2::PageFetch pf = ps + B < t1 ? attn_avx2::PageFetch(kv, kv.pages[ps / B + 1]) : attn_avx2::PageFetch();
+    // two pages ahead, spread over this page's work (the segment's second page at its start)
+    if (ps == t0 && ps + B < t1) attn_avx2::PageFetch(kv, kv.pages[ps / B + 1]).step(size_t(1) << 30);
+    attn_avx2::PageFetch pf = ps + 2 * B < t1 ? attn_avx2::PageFetch(kv, kv.pages[ps / B + 2]) : attn_avx2::PageFetch();
     const size_t lines = (pf.bytes / 64 + (g1 - g0) - 1) / (g1 - g0) + 1;  // per KV head
     const bool pooled = !(kv.fresh_k && ps + n > kv.fresh0);  // no fresh rows in this page
     const bool in_place16 = kv.dtype == KvDType::F16 && pooled;
