@@ -8,10 +8,10 @@
 // f16 pages are read in place (F16C in registers). nvfp4 pages (attention_scores_int8) are
 // scored with integer dot products on the codes (attention_nvfp4_avx2.cpp) and their V rows
 // widened once per page into an f32 tile the G heads share. A segment's pages are walked once
-// for all KV heads (contiguous reads) with the next page prefetched. The prefill kernel
-// (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows (summation tree,
-// softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4 pages decode
-// differs from it by q's int8 rounding (ops_cpu.h).
+// for all KV heads (contiguous reads), the page after next prefetched a few lines at a time.
+// The prefill kernel (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows
+// (summation tree, softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4
+// pages decode differs from it by q's int8 rounding (ops_cpu.h).
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -62,9 +62,12 @@ void softmax_pv(int G, const T* V, size_t vs, int n, float* o, float* m, float* 
 // head, then o = o·alpha + Σ p_t v_t two heads at a time (each V load feeds two FMAs).
 template <int D, typename T>
 void page_group(const float* q, int G, const T* K, size_t ks, const T* V, size_t vs, int n, float scale, float* o,
-                float* m, float* l, float* S /*[G][64]*/, float* P /*[G][64]*/) {
+                float* m, float* l, float* S /*[G][64]*/, float* P /*[G][64]*/, attn_avx2::PageFetch& pf,
+                size_t lines) {
   alignas(32) float kpad[4 * D];  // the last keys of a partial group of 4, zero rows after them
+  const size_t per4 = (lines + (n + 3) / 4 - 1) / ((n + 3) / 4);  // next-page lines per group of 4 keys
   for (int j0 = 0; j0 < n; j0 += 4) {
+    pf.step(per4);
     const T* kr = K + j0 * ks;
     const float* kf = nullptr;
     if (j0 + 4 > n) {
@@ -113,7 +116,10 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   for (int ps = t0; ps < t1; ps += B) {
     const int n = t1 - ps < B ? t1 - ps : B;
     const int page = kv.pages[ps / B];
-    if (ps + B < t1) attn_avx2::prefetch_page(kv, kv.pages[ps / B + 1]);
+    // two pages ahead, spread over this page's work (the segment's second page at its start)
+    if (ps == t0 && ps + B < t1) attn_avx2::PageFetch(kv, kv.pages[ps / B + 1]).step(size_t(1) << 30);
+    attn_avx2::PageFetch pf = ps + 2 * B < t1 ? attn_avx2::PageFetch(kv, kv.pages[ps / B + 2]) : attn_avx2::PageFetch();
+    const size_t lines = (pf.bytes / 64 + (g1 - g0) - 1) / (g1 - g0) + 1;  // per KV head
     const bool pooled = !(kv.fresh_k && ps + n > kv.fresh0);  // no fresh rows in this page
     const bool in_place16 = kv.dtype == KvDType::F16 && pooled;
     if (int8_scores) {  // nvfp4: integer scores on the codes, V widened once
@@ -124,6 +130,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
+        pf.step(lines);
         attn_avx2::nvfp4_page_scales(K, ts, n, D, ks);
         attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
                                      G, D, K, ts, n, ks, S);
@@ -141,13 +148,13 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         const size_t ts = size_t(kv.nkv) * D, at = (size_t(page) * B * kv.nkv + g) * D;
         const uint16_t* K = static_cast<const uint16_t*>(kv.k) + at;
         const uint16_t* V = static_cast<const uint16_t*>(kv.v) + at;
-        page_group<D>(qh, G, K, ts, V, ts, n, scale, oh, mh, lh, S, P);
+        page_group<D>(qh, G, K, ts, V, ts, n, scale, oh, mh, lh, S, P, pf, lines);
         continue;
       }
       const float *K, *V;
       const size_t ks = page_rows<D>(kv, kv.k, kv.fresh_k, page, ps, g, n, ktile, &K);
       const size_t vs = page_rows<D>(kv, kv.v, kv.fresh_v, page, ps, g, n, vtile, &V);
-      page_group<D>(qh, G, K, ks, V, vs, n, scale, oh, mh, lh, S, P);
+      page_group<D>(qh, G, K, ks, V, vs, n, scale, oh, mh, lh, S, P, pf, lines);
     }
   }
 }

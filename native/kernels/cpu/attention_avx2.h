@@ -202,17 +202,26 @@ void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const ui
 // n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row.
 void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile);
 
-// Prefetch a whole page (every head, K and V) into L2: pages are scattered in the pool, so the
-// hardware's stream prefetcher cannot see the next one coming.
-inline void prefetch_page(const KvView& kv, int page) {
-  const size_t bytes = size_t(kv.block) * kv.nkv * kv_row_bytes(kv.dtype, kv.D);
-  const char* k = static_cast<const char*>(kv.k) + size_t(page) * bytes;
-  const char* v = static_cast<const char*>(kv.v) + size_t(page) * bytes;
-  for (size_t off = 0; off < bytes; off += 64) {
-    _mm_prefetch(k + off, _MM_HINT_T1);
-    _mm_prefetch(v + off, _MM_HINT_T1);
+// The next page's K and V (every head) prefetched into L2 a few lines at a time while this page
+// is computed: pages are scattered in the pool, so the hardware's stream prefetcher cannot see
+// the next one coming, and a whole page's prefetches at once stall on the miss buffers
+// (measured: a page-sized burst ran no faster than no overlap at all).
+struct PageFetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  size_t bytes = 0, off = 0;
+  PageFetch() = default;
+  PageFetch(const KvView& kv, int page) : bytes(size_t(kv.block) * kv.nkv * kv_row_bytes(kv.dtype, kv.D)) {
+    k = static_cast<const char*>(kv.k) + size_t(page) * bytes;
+    v = static_cast<const char*>(kv.v) + size_t(page) * bytes;
   }
-}
+  void step(size_t lines) {
+    for (; lines && off < bytes; --lines, off += 64) {
+      _mm_prefetch(k + off, _MM_HINT_T1);
+      _mm_prefetch(v + off, _MM_HINT_T1);
+    }
+  }
+};
 
 }  // namespace kvdeck::cpu::attn_avx2
 #endif  // __x86_64__
