@@ -16,7 +16,8 @@ the page being filled unrounded and rounds it once full, as "pcf" / "pce" need).
 
 Variant names: one codec for K and V, or "<K codec>/<V codec>"; codecs f16, nvfp4 (scale 1),
 nvfp4r (f16 row scale), nvfp4m (mse block scales), nvfp4b8 (blocks of 8), fp8, int8, pcf / pce
-(per channel over a 16-token page: asymmetric int4 with an f16 / E4M3 minimum and step);
+/ pcz (per channel over a 16-token page: asymmetric int4 with an f16 / E4M3 minimum and step,
+or a 16-step window at an int8 offset z on an E4M3 step d);
 suffix "+h": Hadamard-rotated before rounding; prefix "c:": minus a per-(layer, head) mean
 calibrated on assets/notes; prefix "s:": the first 16 tokens kept in f16; prefix
 "sm<a>_<av>[@level]:": K / s and V / t with the per-channel smoothing factors of

@@ -85,17 +85,43 @@ def int4_asym_f16(y: torch.Tensor) -> torch.Tensor:
 _E4M3_GRID = None
 
 
-def int4_asym_e4m3(y: torch.Tensor) -> torch.Tensor:
-    """Asymmetric int4 with one byte each for lo and d: lo = E4M3 at or below min, d = E4M3 at
-    or above (max - lo) / 15 (directed rounding keeps every value in range): 10 B per 16 values."""
+def _grid() -> None:
+    """_E4M3_GRID: every finite E4M3 value, ascending."""
     global _E4M3_GRID
     if _E4M3_GRID is None:
         g = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
         _E4M3_GRID = g[torch.isfinite(g)].unique().sort().values
+
+
+def int4_asym_e4m3(y: torch.Tensor) -> torch.Tensor:
+    """Asymmetric int4 with one byte each for lo and d: lo = E4M3 at or below min, d = E4M3 at
+    or above (max - lo) / 15 (directed rounding keeps every value in range): 10 B per 16 values."""
+    _grid()
     G = _E4M3_GRID
     lo = G[(torch.searchsorted(G, y.amin(-1, keepdim=True).contiguous(), right=True) - 1).clamp(min=0)]
     d = G[torch.searchsorted(G, ((y.amax(-1, keepdim=True) - lo) / 15).contiguous()).clamp(max=len(G) - 1)]
     return torch.round((y - lo) / torch.where(d > 0, d, 1.0)).clamp(0, 15) * d + lo
+
+
+def int4_window_int8(y: torch.Tensor) -> torch.Tensor:
+    """Asymmetric int4 over the last axis as a 16-step window on a grid of step d: value =
+    (z + code) d with z = floor(min / d) in int8 and d the smallest E4M3 value, from range / 15
+    up, whose window [z d, (z + 15) d] covers the block: 10 B per 16 values, and the window's
+    offset costs no rounding of its own."""
+    _grid()
+    G = _E4M3_GRID
+    mn, mx = y.amin(-1, keepdim=True), y.amax(-1, keepdim=True)
+    need = torch.maximum((mx - mn) / 15, torch.maximum(mn.clamp(min=0) / 127, (-mn).clamp(min=0) / 128))
+    i0 = torch.searchsorted(G, need.contiguous())
+    d = z = None
+    for j in (2, 1, 0):  # the smallest covering candidate wins (range / 14 always covers)
+        dj = G[(i0 + j).clamp(max=len(G) - 1)]
+        dj = torch.where(dj > 0, dj, 1.0)
+        zj = torch.floor(mn / dj).clamp(-128, 127)
+        ok = (zj + 15) * dj >= mx
+        d = dj if d is None else torch.where(ok, dj, d)
+        z = zj if z is None else torch.where(ok, zj, z)
+    return (z + torch.round(y / d - z).clamp(0, 15)) * d
 
 
 def hadamard(D: int) -> torch.Tensor:
@@ -143,8 +169,8 @@ def codec(name: str):
             return nvfp4_blocks(x, None, mse=True, B=8)
         if kind == "nvfp4m":  # scale 1, mse block scales
             return nvfp4_blocks(x, None, mse=True)
-        if kind in ("pcf", "pce"):  # per channel along 16-token pages: asymmetric int4, f16 / E4M3 lo, step
-            return pages_of_16(x, int4_asym_f16 if kind == "pcf" else int4_asym_e4m3)
+        if kind in ("pcf", "pce", "pcz"):  # per channel along 16-token pages: asymmetric int4
+            return pages_of_16(x, {"pcf": int4_asym_f16, "pce": int4_asym_e4m3, "pcz": int4_window_int8}[kind])
         if kind == "fp8":
             return fp8_rows(x)
         if kind == "int8":  # symmetric int8 with an f16 scale per row
