@@ -22,7 +22,8 @@ since today's nvfp4 KV fixes the second-level scale at 1). alpha = 0 leaves that
 
 Measured (app/bench/kv_probe.py, "sm<a>_<av>:" variants, 2,048 eval tokens, f32 weights, every
 read from the pages): top-1 against f16 KV, nvfp4 0.833; K smoothed alpha 1: 0.790, 0.75:
-0.819, 0.5: 0.819; K and V alpha 1: 0.789; 0.5: 0.809. It does not pay: K's error is not
+0.819, 0.5: 0.819, 0.25: 0.826; K and V alpha 1: 0.789, 0.5: 0.809; V alone alpha 1: 0.835
+(V's error is small to begin with). It does not pay: K's error is not
 channel imbalance within a row but the rows themselves (pre-RoPE K is ~80% one mean vector per
 head; see the probe's "pce" and "cr:" variants), and flattening the channels takes the block
 maximum away from K's largest channel, which nvfp4 otherwise keeps to E4M3's precision. So
