@@ -31,7 +31,8 @@ V codec; bytes per token relative to f16's): every read from the pages: nvfp4 0.
 pre-RoPE-mean K "cr:nvfp4/f16" 0.851 (nvfp4 K with f16 V: 0.826), smoothing "sm..." 0.789 -
 0.835 (models/quant/kv_smooth.py), pcf/nvfp4 0.929 (0.328x), pce/nvfp4 0.927 (0.297x);
 --own-page: nvfp4 0.878, pcf/nvfp4 0.958 / 1.0095, pce/nvfp4 0.948 / 1.0039, pcz/nvfp4 0.933;
---own: nvfp4 0.951 / 1.0085 (a 512-token chunk scored with its own K/V unrounded).
+--own: nvfp4 0.951 / 1.0085 (a 512-token chunk scored with its own K/V unrounded). 8,192
+tokens, --own-page: nvfp4 0.935 / 1.137, pce/nvfp4 0.980 / 1.015.
 """
 
 from __future__ import annotations
