@@ -5,14 +5,34 @@ RoPE, GQA, SiLU MLP, tied head) over the f32 folder's safetensors, in which ever
 post-RoPE K and V pass through a chosen KV codec before attention reads them. It answers
 "where does the KV error come from" cheaply (one forward per variant; per-layer statistics
 from the reference run) and lets codec variants be compared before one is written in C++.
-Rounding uses torch's own float8_e4m3fn cast (code we did not write) for E4M3.
+The codecs are in app/bench/kv_probe_codecs.py.
 
-    python -m app.bench.kv_probe [--ctx 2048] [--variants nvfp4,int8/nvfp4,...] [--stats] [--own]
+    python -m app.bench.kv_probe [--ctx 2048] [--variants nvfp4,int8/nvfp4,...] [--stats]
+                                 [--own | --own-page]
+
+--own: a 512-token chunk's queries read the chunk's own K/V unrounded (the engine's
+attention_fresh); --own-page: a query reads its own 16-token page unrounded (a pool that keeps
+the page being filled unrounded and rounds it once full, as "pcf" / "pce" need).
 
 Variant names: one codec for K and V, or "<K codec>/<V codec>"; codecs f16, nvfp4 (scale 1),
-nvfp4r (f16 row scale), nvfp4m (mse block scales), nvfp4b8 (blocks of 8), fp8, int8;
+nvfp4r (f16 row scale), nvfp4m (mse block scales), nvfp4b8 (blocks of 8), fp8, int8, pcf / pce
+/ pcz (per channel over a 16-token page: asymmetric int4 with an f16 / E4M3 minimum and step,
+or a 16-step window at an int8 offset z on an E4M3 step d);
 suffix "+h": Hadamard-rotated before rounding; prefix "c:": minus a per-(layer, head) mean
-calibrated on assets/notes; prefix "s:": the first 16 tokens kept in f16.
+calibrated on assets/notes; prefix "s:": the first 16 tokens kept in f16; prefix
+"sm<a>_<av>[@level]:": K / s and V / t with the per-channel smoothing factors of
+models/quant/kv_smooth.py (alpha a for K's pairs, av for V) calibrated on assets/calib/mixed.txt
+(the same math as folding them into the weights: q·k = (q s)·(k / s)); prefix "cr:": minus
+R_n mu, the pre-RoPE mean mu per (layer, head) calibrated on assets/calib/mixed.txt rotated to
+the row's position n, added back on reading (K pre-RoPE is mostly that mean).
+
+Measured (2,048 eval tokens, f32 weights, top-1 / perplexity ratio against f16 KV; K codec /
+V codec; bytes per token relative to f16's): every read from the pages: nvfp4 0.833 (0.281x),
+pre-RoPE-mean K "cr:nvfp4/f16" 0.851 (nvfp4 K with f16 V: 0.826), smoothing "sm..." 0.789 -
+0.835 (models/quant/kv_smooth.py), pcf/nvfp4 0.929 (0.328x), pce/nvfp4 0.927 (0.297x);
+--own-page: nvfp4 0.878, pcf/nvfp4 0.958 / 1.0095, pce/nvfp4 0.948 / 1.0039, pcz/nvfp4 0.933;
+--own: nvfp4 0.951 / 1.0085 (a 512-token chunk scored with its own K/V unrounded). 8,192
+tokens, --own-page: nvfp4 0.935 / 1.137, pce/nvfp4 0.980 / 1.015.
 """
 
 from __future__ import annotations
@@ -25,140 +45,12 @@ from pathlib import Path
 
 import torch
 
+from app.bench import kv_probe_codecs as C
 from app.bench.kv import eval_ids
+from app.bench.kv_probe_codecs import CALIB, CENTER, PREMEAN, SMOOTH, codec, e4m3
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL = ROOT / "assets" / "eval"
-
-# =====================================================================================
-# Number formats (float32 torch)
-# =====================================================================================
-
-E2M1_LEVELS = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Round to float8_e4m3fn (RNE, saturating at 448) and back."""
-    return x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
-
-
-def e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Round to E2M1 (ties as formats.cpp: to the even code) and back."""
-    a = x.abs()
-    code = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int() + (a > 2.5).int()
-            + (a >= 3.5).int() + (a > 5.0).int())
-    return E2M1_LEVELS[code] * torch.sign(x)
-
-
-def f16(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.float16).to(torch.float32)
-
-
-def nvfp4_blocks(x: torch.Tensor, g: torch.Tensor | None, mse: bool = False, B: int = 16) -> torch.Tensor:
-    """x [..., D] -> dequantised NVFP4 (blocks of 16 along the last dim). g: the second-level
-    scale broadcastable to x[..., :1] (None: 1, today's KV). mse: per block, the E4M3 scale
-    among s6, s6±1 code steps (approximated by ×/÷ 2^(1/8)) and s4 with the least squared error."""
-    shp = x.shape
-    xb = x.reshape(*shp[:-1], shp[-1] // B, B)
-    gg = torch.ones(()) if g is None else g.unsqueeze(-1)
-    y = xb / gg
-    amax = y.abs().amax(-1, keepdim=True)
-    cands = [amax / 6.0]
-    if mse:
-        cands += [amax / 5.0, amax / 4.0, amax / 6.5, amax / 5.5]
-    best, berr = None, None
-    for c in cands:
-        s = e4m3(c)
-        q = torch.where(s > 0, e2m1(y / torch.where(s > 0, s, torch.ones(()))) * s, torch.zeros(()))
-        err = ((q - y) ** 2).sum(-1, keepdim=True)
-        if best is None:
-            best, berr = q, err
-        else:
-            take = err < berr
-            best, berr = torch.where(take, q, best), torch.where(take, err, berr)
-    return (best * gg).reshape(shp)
-
-
-def fp8_rows(x: torch.Tensor) -> torch.Tensor:
-    """E4M3 per value with an f16 scale per row (row max on 448)."""
-    g = f16(x.abs().amax(-1, keepdim=True) / 448.0).clamp_min(2**-24)
-    return e4m3(x / g) * g
-
-
-def hadamard(D: int) -> torch.Tensor:
-    H = torch.ones(1, 1)
-    while H.shape[0] < D:
-        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
-    return H / math.sqrt(D)
-
-
-# =====================================================================================
-# KV codecs: fn(x [T, nkv, D], layer, which "k"|"v") -> dequantised x
-# =====================================================================================
-
-def row_scale(x):  # f16 per (token, head) row: row max lands on 6 * 448
-    return f16(x.abs().amax(-1, keepdim=True) / (6 * 448.0)).clamp_min(2**-24)
-
-
-CENTER: dict = {}  # (layer, which) -> mean row [nkv, D] (set by --center)
-CALIB: dict = {}  # (layer, which) -> per-head f32 scale [nkv] (set by --calib)
-
-
-def codec(name: str):
-    H = hadamard(64)
-
-    def one(kind, x, layer, which):
-        if kind == "f16":
-            return f16(x)
-        if kind == "f32":
-            return x
-        if kind == "nvfp4":  # today: second-level scale 1
-            return nvfp4_blocks(x, None)
-        if kind == "nvfp4r":  # f16 scale per row
-            return nvfp4_blocks(x, row_scale(x))
-        if kind == "nvfp4rm":  # f16 scale per row + mse block scales
-            return nvfp4_blocks(x, row_scale(x), mse=True)
-        if kind == "nvfp4h":  # calibrated per (layer, head) f32 scale
-            g = CALIB[(layer, which)].view(1, -1, 1)
-            return nvfp4_blocks(x, g)
-        if kind == "nvfp4b8":  # blocks of 8, scale 1
-            return nvfp4_blocks(x, None, B=8)
-        if kind == "nvfp4b8m":
-            return nvfp4_blocks(x, None, mse=True, B=8)
-        if kind == "nvfp4m":  # scale 1, mse block scales
-            return nvfp4_blocks(x, None, mse=True)
-        if kind == "fp8":
-            return fp8_rows(x)
-        if kind == "int8":  # symmetric int8 with an f16 scale per row
-            g = f16(x.abs().amax(-1, keepdim=True) / 127.0).clamp_min(2**-24)
-            return torch.round(x / g).clamp(-127, 127) * g
-        raise ValueError(kind)
-
-    # name: "<k>/<v>" or one codec for both; "+h" suffix: Hadamard-rotate K before rounding
-    parts = name.split("/") if "/" in name else [name, name]
-
-    def fn(x, layer, which):
-        kind = parts[0] if which == "k" else parts[1]
-        if kind.startswith("s:"):  # the first 16 tokens (one page) kept in f16: attention sinks
-            return torch.cat([f16(x[:16]), fn(x[16:], layer, which) if False else fn_kind(kind[2:], x[16:], layer, which)])
-        return fn_kind(kind, x, layer, which)
-
-    def fn_kind(kind, x, layer, which):
-        if kind.startswith("c:"):  # K minus a calibrated per-(layer, head) mean: q·k̄ is the
-            # same for every key of a query, so softmax ignores it; the rounding sees k - k̄
-            mu = CENTER[(layer, which)]
-            return fn2(kind[2:], x - mu, layer, which)
-        return fn2(kind, x, layer, which)
-
-    def fn2(kind, x, layer, which):
-        rot = kind.endswith("+h")
-        kind = kind.removesuffix("+h")
-        if rot:  # q·k = (Hq)·(Hk): rounding Hk and rotating back is the same math
-            return one(kind, x @ H.T, layer, which) @ H
-        return one(kind, x, layer, which)
-
-    return fn
-
 
 # =====================================================================================
 # The model
@@ -187,7 +79,7 @@ class Model:
         return torch.cat([x1 * cs - x2 * sn, x2 * cs + x1 * sn], -1)
 
     @torch.no_grad()
-    def forward(self, ids, kv_fn=None, chunk=512, own_unquantised=False, capture=None):
+    def forward(self, ids, kv_fn=None, chunk=512, own_unquantised=False, capture=None, own_page=False):
         """Logits [T, V]. kv_fn rounds each layer's K/V (None: exact f32). own_unquantised:
         queries of a chunk see their own chunk's K/V unrounded (attn's Backend hook)."""
         T = len(ids)
@@ -211,7 +103,7 @@ class Model:
                     kk = torch.cat([kq[:c0], k[c0:c1]]); vv = torch.cat([vq[:c0], v[c0:c1]])
                 else:
                     kk, vv = kq[:c1], vq[:c1]
-                o[c0:c1] = attend(q[c0:c1], kk, vv, c0, G)
+                o[c0:c1] = attend(q[c0:c1], kk, vv, c0, G, (k[:c1], v[:c1]) if own_page else None)
             x = x + o.view(T, -1) @ self.w[p + "self_attn.o_proj.weight"].T
             h = self.norm(x, self.w[p + "post_attention_layernorm.weight"])
             a = h @ self.w[p + "mlp.gate_proj.weight"].T
@@ -221,12 +113,21 @@ class Model:
         return x @ self.w["model.embed_tokens.weight"].T
 
 
-def attend(q, k, v, p0, G):
-    """Causal attention of queries at p0.. over keys 0..p0+len(q). q [M, nh, D], k/v [n, nkv, D]."""
+def attend(q, k, v, p0, G, exact=None):
+    """Causal attention of queries at p0.. over keys 0..p0+len(q). q [M, nh, D], k/v [n, nkv, D].
+    exact: the unrounded (k, v): a query reads the keys of its own 16-token page from them (a
+    pool that holds the page being filled unrounded)."""
     M, n, D = q.shape[0], k.shape[0], q.shape[2]
     kh = k.repeat_interleave(G, 1).permute(1, 2, 0)  # [nh, D, n]
     vh = v.repeat_interleave(G, 1).permute(1, 0, 2)  # [nh, n, D]
     s = torch.bmm(q.permute(1, 0, 2), kh) / math.sqrt(D)  # [nh, M, n]
+    if exact is not None:
+        own = ((p0 + torch.arange(M))[:, None] // 16) == (torch.arange(n)[None, :] // 16)  # [M, n]
+        se = torch.bmm(q.permute(1, 0, 2), exact[0].repeat_interleave(G, 1).permute(1, 2, 0)) / math.sqrt(D)
+        s = torch.where(own, se, s)
+        p = torch.softmax(s.masked_fill(torch.arange(n)[None, :] > (p0 + torch.arange(M))[:, None], float("-inf")), -1)
+        ve = exact[1].repeat_interleave(G, 1).permute(1, 0, 2)
+        return (torch.bmm(p * ~own, vh) + torch.bmm(p * own, ve)).permute(1, 0, 2)
     mask = torch.arange(n)[None, :] > (p0 + torch.arange(M))[:, None]
     s.masked_fill_(mask, float("-inf"))
     return torch.bmm(torch.softmax(s, -1), vh).permute(1, 0, 2)
@@ -295,6 +196,33 @@ def center(model: Model, ids) -> None:
             print(f"layer {l}: K mean energy / K energy {e:.3f}")
 
 
+def smooth_calibrate(model: Model, ids) -> None:
+    """SMOOTH's maxima from the calibration text (windows of 512 tokens, as GPTQ's)."""
+    from models.quant.kv_smooth import pair_norm
+    kmax = vmax = None
+    for w0 in range(0, len(ids) - 511, 512):
+        cap: list = []
+        model.forward(ids[w0:w0 + 512], None, capture=cap)
+        km = torch.stack([torch.from_numpy(pair_norm(k.numpy())).amax(0) for _, k, _ in cap])
+        vm = torch.stack([v.abs().amax(0) for _, _, v in cap])
+        kmax = km if kmax is None else torch.maximum(kmax, km)
+        vmax = vm if vmax is None else torch.maximum(vmax, vm)
+    SMOOTH["kmax"], SMOOTH["vmax"] = kmax.numpy(), vmax.numpy()
+
+
+def premean_calibrate(model: Model, ids) -> None:
+    """PREMEAN from the calibration text (512-token windows): K un-rotated to position 0, averaged."""
+    C.ROPE = model
+    acc, n = None, 0
+    for w0 in range(0, len(ids) - 511, 512):
+        cap: list = []
+        model.forward(ids[w0:w0 + 512], None, capture=cap)
+        pre = torch.stack([model.rope(k, -torch.arange(512)).sum(0) for _, k, _ in cap])  # R_-n undoes R_n
+        acc, n = (pre if acc is None else acc + pre), n + 512
+    for l in range(model.L):
+        PREMEAN[l] = acc[l] / n
+
+
 def notes_ids(tokenizer) -> list[int]:
     text = "\n\n".join(p.read_text() for p in sorted((ROOT / "assets" / "notes").glob("*.md")))
     return tokenizer.encode(text, add_special_tokens=False).ids
@@ -306,6 +234,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="nvfp4,nvfp4r")
     ap.add_argument("--stats", action="store_true")
     ap.add_argument("--own", action="store_true", help="chunk's own tokens unquantised")
+    ap.add_argument("--own-page", action="store_true", help="a query's own 16-token page unquantised")
     ap.add_argument("--ref", default="f16")
     ap.add_argument("--calib-ctx", type=int, default=0, help="calibrate nvfp4h on the first N tokens (of the same text)")
     a = ap.parse_args(argv)
@@ -320,6 +249,12 @@ def main(argv=None) -> int:
         stats(model, ids)
     if "c:" in a.variants:
         center(model, notes_ids(tok))
+    if "cr:" in a.variants:
+        premean_calibrate(model, tok.encode((ROOT / "assets" / "calib" / "mixed.txt").read_text(),
+                                            add_special_tokens=False).ids)
+    if "sm" in a.variants:
+        smooth_calibrate(model, tok.encode((ROOT / "assets" / "calib" / "mixed.txt").read_text(),
+                                           add_special_tokens=False).ids)
     if a.calib_ctx:
         calibrate(model, ids[: a.calib_ctx])
     t = time.time()
@@ -327,7 +262,7 @@ def main(argv=None) -> int:
     print(f"ref {a.ref}: {time.time() - t:.1f} s")
     for name in a.variants.split(","):
         t = time.time()
-        q = model.forward(ids, codec(name), own_unquantised=a.own)
+        q = model.forward(ids, codec(name), own_unquantised=a.own, own_page=a.own_page)
         top1, pr = score(ref, q, ids)
         tail = score(ref[-512:], q[-512:], ids[-512:])
         print(f"{name:18s} top1 {top1:.3f}  ppl x{pr:.4f}   last512 top1 {tail[0]:.3f}  ({time.time() - t:.1f} s)", flush=True)
