@@ -3,7 +3,8 @@
 Imports flow one way: nothing here imports the agent, the store, telemetry or the UI.
 """
 
-from app.engine.engine import Engine, Generation, Prewarm, Session, TokenConstraint
+from app.engine.engine import Engine, Generation, Prewarm, TokenConstraint
+from app.engine.session import Session
 from app.engine.errors import EngineError, KvPoolFull
 from app.engine.loader import default_models_dir, load_engine
 from app.engine.types import CallStats, ModelConfig, SamplingParams
