@@ -52,7 +52,6 @@ inline int32_t hsum_epi32(__m256i v) {
 
 void quantize_act_q8_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out) {
   const int Kp = out.Kp, nb = Kp / kQ8Block;
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   alignas(32) float tmp[kQ8Block];  // zero-padded copy of a partial block
   for (int m = 0; m < M; ++m) {
@@ -60,22 +59,8 @@ void quantize_act_q8_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out) {
     int8_t* q = out.q + size_t(m) * Kp;   // [Kp]
     for (int b = 0; b < nb; ++b) {
       const int k0 = b * kQ8Block;
-      const float* src = xr + k0;  // [32]
-      if (k0 + kQ8Block > K) {
-        std::memset(tmp, 0, sizeof tmp);
-        if (K > k0) std::memcpy(tmp, xr + k0, sizeof(float) * (K - k0));
-        src = tmp;
-      }
       __m256 v[4];
-      __m256 amax = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(src + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[i]));
-      }
-      __m128 a4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      a4 = _mm_max_ps(a4, _mm_movehl_ps(a4, a4));
-      a4 = _mm_max_ss(a4, _mm_movehdup_ps(a4));
-      const float am = _mm_cvtss_f32(a4);
+      const float am = load_block_amax(xr, k0, K, tmp, v);
       const float id = am > 0.0f ? 127.0f / am : 0.0f;
       const __m256 vid = _mm256_set1_ps(id);
       __m256i qi[4];

@@ -15,6 +15,26 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// One 32-value activation block of row xr (K values) starting at k0, zero-padded past K
+// through tmp [32]: its four vectors in v and the block's max |x| (the quantisers' scale).
+inline float load_block_amax(const float* xr, int k0, int K, float* tmp, __m256 v[4]) {
+  const float* src = xr + k0;
+  if (k0 + 32 > K) {
+    for (int i = 0; i < 32; ++i) tmp[i] = k0 + i < K ? xr[k0 + i] : 0.0f;
+    src = tmp;
+  }
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(src + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[i]));
+  }
+  __m128 a4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  a4 = _mm_max_ps(a4, _mm_movehl_ps(a4, a4));
+  a4 = _mm_max_ss(a4, _mm_movehdup_ps(a4));
+  return _mm_cvtss_f32(a4);
+}
+
 // e^x for 8 lanes: range reduction x = n ln2 + r, degree-6 polynomial (Cephes expf),
 // 2^n through the exponent bits. ~1 ulp on [-87, 88]; inputs below -87 give exactly 0 (no
 // denormal results: they make the FMAs that consume them many times slower).
