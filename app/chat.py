@@ -33,12 +33,13 @@ def db_path(args) -> Path:
 
 
 def engine_for(run: RunConfig):
-    """An engine as `run` describes it (weights, KV, threads, pool pages and block, prefix cache)."""
+    """An engine as `run` describes it (weights and their activations, KV, threads, pool pages and block,
+    prefix cache)."""
     from app.engine import load_engine
 
     return load_engine(run.model, weights=run.weight_format, kv=run.kv_format, threads=run.threads or None,
                        kv_pages=run.kv_pages or None, prefix_cache=run.prefix_cache, kv_block=run.kv_block,
-                       device=run.backend)
+                       device=run.backend, activations=run.activations)
 
 
 def make_agent(eng, toolbox: Toolbox, *, sampling, max_tokens: int | None = None, follow_up: str | None = None,

@@ -145,6 +145,7 @@ class RunConfig:
     model: str = "smollm2-135m"
     model_sha256: str = ""
     weight_format: str = "nvfp4"
+    activations: str = "auto"  # what the integer matmuls ran with (a8 | a16); "auto" in records older than the field
     kv_format: str = "f32"
     backend: str = "cpu"
     threads: int = 0
@@ -190,7 +191,7 @@ class RunConfig:
 
 
 # Short names `kvdeck replay --with` accepts, besides every RunConfig field name.
-RUN_ALIASES = {"weights": "weight_format", "kv": "kv_format", "cache": "prefix_cache", "pages": "kv_pages",
+RUN_ALIASES = {"weights": "weight_format", "act": "activations", "kv": "kv_format", "cache": "prefix_cache", "pages": "kv_pages",
                "block": "kv_block", "steps": "max_steps"}
 
 

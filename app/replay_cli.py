@@ -60,7 +60,10 @@ def replay(args, toolbox: Toolbox) -> int:
 
         show(store, sid)
         return 0
-    new_run = run.with_(**parse_changes(args.with_ or ""))
+    changes = parse_changes(args.with_ or "")
+    if ({"weight_format", "backend"} & changes.keys()) and "activations" not in changes:
+        changes["activations"] = "auto"  # the recorded a16 belongs to the recorded weights and device
+    new_run = run.with_(**changes)
     eng = engine_for(new_run)
     ledger, writer, new_sid = Ledger(), (None if args.no_store else open_writer(args, "replay")), new_id()
     exe = rp.recorded_executor(store, sid)

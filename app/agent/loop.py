@@ -121,7 +121,8 @@ class Agent:
         snap = eng.snapshot()
         return RunConfig(
             model=model or eng.config.model, model_sha256=model_sha256, weight_format=eng.weight_format,
-            kv_format=eng.kv_format, backend=eng.backend, threads=int(getattr(eng, "threads", 0) or 0),
+            activations=getattr(eng, "activations", "auto"), kv_format=eng.kv_format, backend=eng.backend,
+            threads=int(getattr(eng, "threads", 0) or 0),
             kv_pages=int(snap.get("total_pages", 0)), kv_block=int(snap.get("block", 16)),
             prefix_cache=bool(eng.prefix_cache), prewarm=self.prewarmed, temperature=sp.temperature,
             top_k=sp.top_k, top_p=sp.top_p, seed=sp.seed, max_steps=lim.max_steps, max_tokens=lim.max_tokens,

@@ -47,6 +47,11 @@ class Engine:
         return self.config.weight_format
 
     @property
+    def activations(self) -> str:
+        """The integer matmuls' activations as loaded: a8 or a16 (auto already resolved)."""
+        return self.native.activations
+
+    @property
     def kv_format(self) -> str:
         return self.native.kv_format
 

@@ -125,6 +125,7 @@ def test_replay_reproduces_the_recorded_ledger_and_answers(root, tmp_path, capsy
     recorded = store.rows("engine_calls", src)
     assert [c["kind"] for c in recorded] == ["prewarm", "generate", "generate", "generate"]
     assert store.run_config(src).tools == ("now",) and store.run_config(src).threads == 1
+    assert store.run_config(src).activations == "a8"  # what nvfp4 ran with, recorded resolved
     rc, out = _main(["replay", src[:6], "--rerun", "--json", "--db", db], capsys)
     assert rc == 0
     cmp = json.loads(out)
@@ -144,6 +145,21 @@ def test_replay_reproduces_the_recorded_ledger_and_answers(root, tmp_path, capsy
     assert [c["prompt_tokens"] for c in calls] == [c["prompt_tokens"] for c in recorded[1:]]
     assert cmp["identical_answers"], (cmp["source"]["answers"], cmp["replay"]["answers"])
     assert cmp["replay"]["computed_tokens"] > cmp["source"]["computed_tokens"]
+
+    # other weights: the recorded a8 does not follow them (gguf's own default, a16, applies) ...
+    rc, out = _main(["replay", src, "--with", "weights=gguf,prewarm=off", "--json", "--db", db], capsys)
+    assert rc == 0
+    rep = store.run_config(json.loads(out)["replay_id"])
+    assert (rep.weight_format, rep.activations) == ("gguf", "a16")
+    # ... and asking nvfp4 for 16-bit activations is refused by name, the store untouched
+    n = store.db["sessions"].count
+    from app.__main__ import main
+
+    capsys.readouterr()
+    rc = main(["replay", src, "--with", "act=a16", "--json", "--db", db])
+    err = capsys.readouterr().err
+    assert rc != 0 and "activations" in err and "a16" in err and "nvfp4" in err, err
+    assert store.db["sessions"].count == n
 
 
 def test_ctrl_c_cancels_the_reply_and_the_chat_goes_on(root, tmp_path):
