@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 
 import pytest
 from textual.widgets import Static
@@ -78,24 +80,47 @@ async def test_escape_cancels_mid_prefill_and_the_session_continues(builder):
 
 @pytest.mark.anyio
 async def test_the_ui_keeps_running_during_a_long_prefill(builder):
-    """The event loop's longest stall while a ~3000-token prompt is prefilled: at most 100 ms on
-    a machine that is not oversubscribed. With more runnable threads than cores the UI thread
-    waits for its share, so the bar grows with the load average per core. Measured on this 2-core
-    box: 14 ms over a 2994-token prefill (11.6 s) at a load of 0.5 per core; 320-470 ms while
-    other jobs loaded it to 2-5 per core (a plain Python ticker thread, no UI, sees ~120 ms then)."""
+    """The event loop's longest stall while a ~3000-token prompt is prefilled: at most 100 ms more
+    than twice what the operating system makes any process wait meanwhile. A separate process
+    ticking every 10 ms measures that wait: on a quiet machine it is a few ms (the bound is then
+    ~0.1 s); with more runnable threads than cores every thread waits for its share, the UI thread
+    included. Measured on this 2-core box: 14 ms over a 2994-token prefill (11.6 s) at a load of
+    0.5 per core; 320-630 ms while other jobs loaded it to 2-5 per core. A prefill run on the
+    event loop (or holding the GIL) stalls it for the whole prefill, seconds."""
     app = KvdeckApp(builder, OPTS, sampler=None)
     async with app.run_test(size=(80, 24)) as pilot:
         await _loaded(pilot, app)
         long = " ".join(f"pump{i} pressure {i % 9} bar;" for i in range(340))  # ~3000 tokens
         gc.collect()  # the garbage of the earlier tests in this process is not the console's
-        await _send(pilot, long)
-        await wait_for(pilot, lambda: not app.state.busy, timeout=180)
+        ticker = subprocess.Popen([sys.executable, "-c", _TICKER], stdout=subprocess.PIPE, text=True)
+        try:
+            await _send(pilot, long)
+            await wait_for(pilot, lambda: not app.state.busy, timeout=180)
+        finally:
+            ticker.terminate()
+            os_stall = float(ticker.communicate(timeout=30)[0] or "nan")
         call = app.state.calls[-1]
         assert call.computed > 2500, f"the prefill computed {call.computed} tokens"
         per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
         print(f"\nlongest UI stall during a {call.computed}-token prefill ({call.prefill_s:.1f} s): "
-              f"{app.stall_max_s * 1000:.0f} ms at a load of {per_core:.1f} per core")
-        assert app.stall_max_s < 0.1 * max(1.0, per_core)
+              f"{app.stall_max_s * 1000:.0f} ms; another process's {os_stall * 1000:.0f} ms "
+              f"(load {per_core:.1f} per core)")
+        assert app.stall_max_s < 0.1 + 2 * os_stall
+
+
+# Another process's longest lateness of a 10 ms sleep, printed when it is terminated.
+_TICKER = """
+import signal, sys, time
+worst, last = 0.0, time.monotonic()
+def report(*_):
+    print(worst, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, report)
+while True:
+    time.sleep(0.01)
+    now = time.monotonic()
+    worst, last = max(worst, now - last - 0.01), now
+"""
 
 
 @pytest.mark.anyio
