@@ -164,7 +164,8 @@ class MainScreen(Screen):
             t.append(f"turn {st.turn}: {what} ({since:.0f} s) — Esc cancels", style="yellow")
         else:
             tot = st.totals()
-            t.append(f"{st.model} ready · {tot['calls']} calls · reuse {tot['reuse'] * 100:.1f}%", style="green")
+            n = tot["calls"]
+            t.append(f"{st.model} ready · {n} call{'s' * (n != 1)} · reuse {tot['reuse'] * 100:.1f}%", style="green")
         return t
 
     def sync(self) -> None:

@@ -21,7 +21,7 @@ def stats_table(state: ConsoleState) -> Table:
         return fmt.format(value) if last is not None else "—"
 
     t.add_row("call", last.label + (f" ({last.kind})" if last.kind == "prewarm" else "") if last else "—",
-              f"{tot['calls']} calls")
+              f"{tot['calls']} call{'s' * (tot['calls'] != 1)}")
     t.add_row("TTFT", cell("{:.0f} ms", last.ttft_s * 1000 if last else 0), f"{tot['ttft_s'] * 1000:.0f} ms")
     t.add_row("prefill", cell("{:.0f} tok/s", last.prefill_tok_s if last else 0), f"{tot['prefill_tok_s']:.0f} tok/s")
     t.add_row("decode", cell("{:.1f} tok/s", last.decode_tok_s if last else 0), f"{tot['decode_tok_s']:.1f} tok/s")
