@@ -187,9 +187,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
   }
   // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
+  // M > 8, one integer format sharing Kp and group (q/k/v, gate/up): one tensor-core GEMM launch.
   void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
     flush();
     const WeightView& w0 = *outs[0].w;
+    if (M > 8 && mma_ && xq.valid && n <= 4 && is_integer(w0.dtype) && gemm_many(outs, n, xq, M)) return;
     bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
     for (int i = 0; one && i < n; ++i) {
       const WeightView& w = *outs[i].w;
@@ -329,6 +331,25 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                                              sample_bytes_, out, st_);
     if (e == cudaErrorInvalidValue) bad("sample: draw u = " + std::to_string(u) + " outside [0, 1) or n = " + std::to_string(n));
     check(e, "sample");
+  }
+
+  // The M > 8 grouped GEMM of matmul_many; false: a shape it refuses (the per-weight path).
+  bool gemm_many(const MatmulOut* outs, int n, const QuantScratch& xq, int M) {
+    const WeightView& w0 = *outs[0].w;
+    cuda::GemmQ8Weight g[4];
+    for (int i = 0; i < n; ++i) {
+      const WeightView& w = *outs[i].w;
+      if (w.dtype != w0.dtype || w.Kp != w0.Kp || w.group != w0.group || w.mins) return false;
+      g[i] = {static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.N, outs[i].y, outs[i].ldy};
+    }
+    const int fmt = w0.dtype == DType::NVFP4 ? 0 : w0.dtype == DType::W4A8 ? 1 : 2;
+    const cudaError_t e = cuda::gemm_q8_mma_many(fmt, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, M, st_);
+    if (e == cudaErrorInvalidValue) {
+      cudaGetLastError();
+      return false;
+    }
+    check(e, "matmul_many (tensor cores)");
+    return true;
   }
 
   // ---- batch-1 GEMVs held for an epilogue (backend_cuda_state.h Gemv) ----

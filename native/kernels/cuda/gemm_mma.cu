@@ -4,31 +4,76 @@
 // Why int8 and not dequantise-to-f16: every integer format's CPU reference (gemm_scalar.cpp)
 // is an exact int32 sum per block times f32 scales. The codes are integers (NVFP4: 2*e2m1 in
 // int8, W4A8: nibble - 8, W8A8: the int8 code) and so are the activations, so
-//   mma.sync.m16n8k16 / m16n8k32 .s32.s8.s8.s32
+//   mma.sync.m16n8k16 (NVFP4, one per 16-block) / m16n8k32 (W4A8, W8A8) .s32.s8.s8.s32
 // gives the block sums bit for bit; the block scales are then applied in f32 on the
 // accumulator fragments. The result equals the GEMV path (and the CPU) up to f32 summation
-// order (~1e-7 relative), so the whole-model bound of tests/cuda is unchanged, and int8 mma
-// has twice f16's rate. f16 activations would instead differ from the CPU engine by the
-// activations' int8 rounding in every layer.
+// order (~1e-7 relative), so the whole-model bound of tests/cuda is unchanged.
 //
-// Tile: 64 tokens x 128 outputs per block of 8 warps (2 x 4, each 32 x 32: 2 m16 x 4 n8
-// fragments), 64 k per stage (two 32-blocks), 3 stages of cp.async (16-byte copies of the
-// q8 rows and the packed weight rows into padded shared memory: conflict-free fragment reads).
+// Where the time goes, and what this version does about it (NOTES.md, session 5):
+// - The f32 work per block, not the mma, bounds the kernel: int -> float conversion (I2F) runs
+//   at a quarter of the FMA rate. Here the mma's accumulator input is the magic constant
+//   2^23 + 2^22, so the int32 result D reads as the float 12582912 + isum exactly (|isum| <
+//   2^22), and one FFMA, fma(sw, D, -sw * 12582912), gives round(sw * isum), the same value as
+//   float(isum) * sw: no I2F, no separate multiply. Then acc = fma(d_a, t, acc).
+// - Weight decode in registers, few integer ops: e2m1 / W4A8 nibbles to signed int8 by three
+//   byte-permute lookups (prmt's sign-replicate mode zeroes the other half's codes) and one
+//   IADD3 (lookup16_s8 below). W8A8 codes are used as loaded.
+// - Scales leave the inner loop: each stage's weight scales (e4m3 / f16 -> f32, with
+//   -sw * magic beside them) and activation scales are converted once per block into shared
+//   memory, loaded through registers one stage ahead (no extra barrier).
+// - Tiles BM x BN (128 x 128, 64 x 128, 128 x 64, 32 x 128) by 64 k, 8 warps each 32 columns x
+//   BM / (16 * warp rows) rows, 4-stage cp.async (16-byte copies into padded rows:
+//   conflict-free ldmatrix for the activations and 16-bit weight loads), 2 blocks per SM.
+//   blockIdx.x runs over M so the blocks that share a weight tile run together (one DRAM read).
+// - Several weights sharing K and format (q/k/v, gate/up) in one launch (gemm_q8_mma_many).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 #include "kernels_cuda.h"
 
 namespace kvdeck::cuda {
 
+cudaError_t gemm_q8_mma_v1(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
+                           const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
+
 using namespace detail;
 
 namespace {
 
-constexpr int BM = 64, BN = 128, BK = 64, STAGES = 3, THREADS = 256;
-constexpr int A_LD = BK + 16;  // bytes per activation row in shared memory (80: 20 words)
+constexpr int BK = 64, STAGES = 4, THREADS = 256, MAXW = 4;
+constexpr int A_LD = BK + 16;                // bytes per activation row in shared memory (80)
+constexpr uint32_t kMagic = 0x4B400000u;     // the float 12582912 = 2^23 + 2^22
+constexpr float kMagicF = 12582912.0f;
+
+struct Args {
+  const int8_t* xq;
+  const float* xd;
+  int M, Kp, group, n;
+  int tile0[MAXW + 1];  // weight i covers blockIdx.y in [tile0[i], tile0[i + 1])
+  const uint8_t* codes[MAXW];
+  const void* scales[MAXW];
+  float tscale[MAXW];
+  int N[MAXW];
+  float* y[MAXW];
+  int ldy[MAXW];
+};
+
+template <int FMT, int BM, int BN>
+struct Cfg {
+  static constexpr int WN = BN / 32, WM = 8 / WN, MT = BM / (16 * WM);
+  static constexpr int B_ROW = FMT == 2 ? BK : BK / 2;  // weight bytes per row and stage
+  static constexpr int B_LD = B_ROW + 16;               // 80 (w8) or 48 (4-bit)
+  static constexpr int SC = FMT == 0 ? 4 : 2;           // floats per column and 32-block
+  static constexpr int A_BYTES = BM * A_LD, B_BYTES = BN * B_LD;
+  static constexpr int S_FLOATS = 2 * BN * SC, D_FLOATS = BM * 2;  // per buffer (2 buffers)
+  static constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * 4 * (S_FLOATS + D_FLOATS);
+  static_assert(WM * WN == 8 && MT >= 1 && MT * 16 * WM == BM, "tile shape");
+  static_assert(BM + BN <= THREADS, "one scale row or column per thread");
+};
 
 // ================================ helpers ================================
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -42,184 +87,364 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
-
-__device__ __forceinline__ void mma_k32(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+// D = A * B + magic (every accumulator input the magic constant)
+__device__ __forceinline__ void mma_k32(uint32_t d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(kMagic));
 }
-__device__ __forceinline__ void mma_k16(int c[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
+__device__ __forceinline__ void mma_k16(uint32_t d[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a0), "r"(a1), "r"(b), "r"(kMagic));
 }
 
-// 4 nibbles (element j in bits 4j..4j+3) -> one byte each, element j in byte j.
-__device__ __forceinline__ uint32_t spread4(uint32_t x) {
-  return (x & 0xFu) | ((x << 4) & 0xF00u) | ((x << 8) & 0xF0000u) | ((x << 12) & 0xF000000u);
+// 4 four-bit codes (element j in bits 4j..4j+3 of x, bits 16.. zero) -> 4 signed bytes by a
+// 16-entry table: pos* holds the magnitudes of the codes with bit 3 clear, neg* those with
+// bit 3 set (entries < 0x80), nz* is 1 where a bit-3-set entry is nonzero (its byte is
+// negative). prmt in its default mode replicates the selected byte's sign (0 here) for a
+// selector nibble with bit 3 set, so each lookup yields only its own half's codes; the bytes
+// pos - neg are then right except for the borrow each negative byte takes from the next,
+// which + (nz << 8) returns (the nz lookup reads the selectors shifted up one byte). 6 ops.
+__device__ __forceinline__ uint32_t lookup16_s8(uint32_t x, uint32_t pos0, uint32_t pos1, uint32_t neg0,
+                                                uint32_t neg1, uint32_t nz0, uint32_t nz1) {
+  const uint32_t xn = x ^ 0x8888u;  // the bit-3-set codes select, the others are zeroed
+  const uint32_t p = prmt(pos0, pos1, x);
+  const uint32_t n = prmt(neg0, neg1, xn);
+  const uint32_t c = prmt(nz0, nz1, (xn << 4) | 0x8u);  // byte j + 1 from code j; byte 0: 0
+  return p - n + c;  // one IADD3
 }
-// W4A8: offset-binary nibble n -> int8 n - 8.
-__device__ __forceinline__ uint32_t w4_to_i8x4(uint32_t x) { return __vsub4(spread4(x), 0x08080808u); }
-// NVFP4: E2M1 nibble -> int8 2*e2m1 (the CPU's kE2m1x2): magnitude by a byte permute, then
-// negated where the sign bit is set ((v ^ m) - m with m = 0xFF).
-__device__ __forceinline__ uint32_t e2m1_to_i8x4(uint32_t x) {
-  const uint32_t mag = __byte_perm(kE2m1x2Pos0, kE2m1x2Pos1, x & 0x7777u);
-  const uint32_t m = __vcmpgeu4(spread4(x), 0x08080808u);
-  return __vsub4(mag ^ m, m);
+// NVFP4: 2*e2m1, magnitudes {0,1,2,3,4,6,8,12}, bit 3 the sign.
+__device__ __forceinline__ uint32_t e2m1_s8(uint32_t x) {
+  return lookup16_s8(x, 0x03020100u, 0x0C080604u, 0x03020100u, 0x0C080604u, 0x01010100u, 0x01010101u);
+}
+// W4A8: nibble - 8 (offset binary): bit 3 clear -> -(8 - idx), set -> +idx.
+__device__ __forceinline__ uint32_t w4_s8(uint32_t x) {
+  // roles swapped: here the bit-3-clear codes are the negative ones
+  const uint32_t xn = x ^ 0x8888u;
+  const uint32_t p = prmt(0x03020100u, 0x07060504u, xn);      // bit 3 set: idx
+  const uint32_t n = prmt(0x05060708u, 0x01020304u, x);       // bit 3 clear: 8 - idx (never 0)
+  const uint32_t c = prmt(0x01010101u, 0x01010101u, (x << 4) | 0x8u);
+  return p - n + c;
 }
 
 // ================================ the kernel ================================
-// FMT 0 NVFP4, 1 W4A8, 2 W8A8. y[m, n] (row stride ldy) for m < M, n < N.
-template <int FMT>
-__global__ void __launch_bounds__(THREADS) gemm_q8_kernel(const uint8_t* __restrict__ codes,
-                                                         const void* __restrict__ scales, float tscale, int group,
-                                                         int N, int Kp, const int8_t* __restrict__ xq,
-                                                         const float* __restrict__ xd, int M, float* __restrict__ y,
-                                                         int ldy) {
-  constexpr int B_ROW = FMT == 2 ? BK : BK / 2;   // weight bytes per row and stage
-  constexpr int B_LD = B_ROW + 16;                 // padded: 80 (w8) or 48 (4-bit) bytes
-  __shared__ __align__(16) uint8_t sa[STAGES][BM * A_LD];
-  __shared__ __align__(16) uint8_t sb[STAGES][BN * B_LD];
+// FMT 0 NVFP4, 1 W4A8, 2 W8A8. For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
+template <int FMT, int BM, int BN, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args) {
+  using C = Cfg<FMT, BM, BN>;
+  constexpr int MT = C::MT, B_LD = C::B_LD, B_ROW = C::B_ROW, SC = C::SC;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sA = smem;
+  uint8_t* sB = smem + STAGES * C::A_BYTES;
+  float* sS = reinterpret_cast<float*>(sB + STAGES * C::B_BYTES);  // [2][2 kb][BN][SC]
+  float* sD = sS + 2 * C::S_FLOATS;                                  // [2][BM][2 kb]
+
+  // ---- which weight, which tile ----
+  int wi = 0;
+#pragma unroll
+  for (int i = 1; i < MAXW; ++i)
+    if (i < args.n && int(blockIdx.y) >= args.tile0[i]) wi = i;
+  const uint8_t* codes = args.codes[0];
+  const void* scales = args.scales[0];
+  float tscale = args.tscale[0], *y = args.y[0];
+  int N = args.N[0], ldy = args.ldy[0], t0 = args.tile0[0];
+#pragma unroll
+  for (int i = 1; i < MAXW; ++i)
+    if (wi == i) codes = args.codes[i], scales = args.scales[i], tscale = args.tscale[i], y = args.y[i],
+                 N = args.N[i], ldy = args.ldy[i], t0 = args.tile0[i];
+  const int8_t* __restrict__ xq = args.xq;
+  const float* __restrict__ xd = args.xd;
+  const int M = args.M, Kp = args.Kp, group = args.group;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows wm*32.., cols wn*32..
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int wm = warp / C::WN, wn = warp % C::WN;
+  const int m0 = blockIdx.x * BM, n0 = (int(blockIdx.y) - t0) * BN;
   const int nb = Kp / 32, nst = (nb + 1) / 2;
-  const size_t wrow = FMT == 2 ? size_t(Kp) : size_t(Kp / 2);
+  const int wrow = FMT == 2 ? Kp : Kp / 2;
 
+  // ---- cp.async of one stage's activation and weight rows ----
   auto load = [&](int s, int buf) {
     const int k0 = s * BK;
-    {  // activations: 64 rows x 4 chunks of 16 bytes, one per thread
-      const int r = tid >> 2, c = tid & 3;
-      const int kk = min(k0 + c * 16, Kp - 16);  // a tail stage's second block: loaded, not used
-      cp16(&sa[buf][r * A_LD + c * 16], xq + size_t(min(m0 + r, M - 1)) * Kp + kk);
-    }
-    constexpr int CH = B_ROW / 16;  // chunks per weight row: 4 (w8) or 2
 #pragma unroll
-    for (int i = 0; i < BN * CH / THREADS; ++i) {
+    for (int i = 0; i < (BM * 4 + THREADS - 1) / THREADS; ++i) {
+      const int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
+      if (BM * 4 % THREADS == 0 || idx < BM * 4) {
+        const int kk = min(k0 + c * 16, Kp - 16);  // a tail stage's second block: loaded, not used
+        cp16(sA + buf * C::A_BYTES + r * A_LD + c * 16, xq + size_t(min(m0 + r, M - 1)) * Kp + kk);
+      }
+    }
+    constexpr int CH = B_ROW / 16;
+#pragma unroll
+    for (int i = 0; i < (BN * CH + THREADS - 1) / THREADS; ++i) {
       const int idx = tid + i * THREADS, r = idx / CH, c = idx % CH;
-      const int kk = min(k0 * B_ROW / BK + c * 16, int(wrow) - 16);
-      cp16(&sb[buf][r * B_LD + c * 16], codes + size_t(min(n0 + r, N - 1)) * wrow + kk);
+      if (BN * CH % THREADS == 0 || idx < BN * CH) {
+        const int kk = min(k0 * B_ROW / BK + c * 16, wrow - 16);
+        cp16(sB + buf * C::B_BYTES + r * B_LD + c * 16, codes + size_t(min(n0 + r, N - 1)) * wrow + kk);
+      }
+    }
+  };
+  // ---- scales: one stage's raw values into registers, then f32 into shared memory ----
+  // Threads [0, BN): the column n0 + tid's weight scales; [BN, BN + BM): row m0 + tid - BN's d_a.
+  uint32_t raw0 = 0, raw1 = 0;
+  auto fetch = [&](int s) {
+    if (tid < BN) {
+      const int n = min(n0 + tid, N - 1);
+      if (FMT == 0) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
+        const int ns = Kp / 16;
+        const uint8_t* r = static_cast<const uint8_t*>(scales) + size_t(n) * ns;
+        raw0 = __ldg(reinterpret_cast<const uint16_t*>(r + min(4 * s, ns - 2)));
+        raw1 = __ldg(reinterpret_cast<const uint16_t*>(r + min(4 * s + 2, ns - 2)));
+      } else {
+        const int ng = FMT == 1 ? Kp / group : nb;
+        const uint16_t* r = static_cast<const uint16_t*>(scales) + size_t(n) * ng;
+        raw0 = __ldg(r + min(FMT == 1 ? 64 * s / group : 2 * s, ng - 1));
+        raw1 = __ldg(r + min(FMT == 1 ? (64 * s + 32) / group : 2 * s + 1, ng - 1));
+      }
+    } else if (tid < BN + BM) {
+      const float* r = xd + size_t(min(m0 + tid - BN, M - 1)) * nb;
+      raw0 = __float_as_uint(__ldg(r + min(2 * s, nb - 1)));
+      raw1 = __float_as_uint(__ldg(r + min(2 * s + 1, nb - 1)));
+    }
+  };
+  auto convert = [&](int buf) {
+    float* S = sS + buf * C::S_FLOATS;
+    if (tid < BN) {
+      if (FMT == 0) {
+        float sw[4];
+        sw[0] = e4m3_to_float(raw0 & 0xFFu) * 0.5f, sw[1] = e4m3_to_float(raw0 >> 8) * 0.5f;
+        sw[2] = e4m3_to_float(raw1 & 0xFFu) * 0.5f, sw[3] = e4m3_to_float(raw1 >> 8) * 0.5f;
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+          *reinterpret_cast<float4*>(S + (kb * BN + tid) * SC) =
+              make_float4(sw[2 * kb], sw[2 * kb + 1], -kMagicF * sw[2 * kb], -kMagicF * sw[2 * kb + 1]);
+      } else {
+        const float s0 = __half2float(__ushort_as_half(uint16_t(raw0)));
+        const float s1 = __half2float(__ushort_as_half(uint16_t(raw1)));
+        *reinterpret_cast<float2*>(S + tid * SC) = make_float2(s0, -kMagicF * s0);
+        *reinterpret_cast<float2*>(S + (BN + tid) * SC) = make_float2(s1, -kMagicF * s1);
+      }
+    } else if (tid < BN + BM) {
+      *reinterpret_cast<float2*>(sD + buf * C::D_FLOATS + (tid - BN) * 2) =
+          make_float2(__uint_as_float(raw0), __uint_as_float(raw1));
     }
   };
 
-  float acc[2][4][4] = {};
-  const int nbs = FMT == 0 ? Kp / 16 : FMT == 1 ? Kp / group : Kp / 32;  // weight scales per row
-  int rowc[2][2], colc[4][2];
+  float acc[MT][4][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-    for (int h = 0; h < 2; ++h) rowc[mt][h] = min(m0 + wm * 32 + mt * 16 + g + 8 * h, M - 1);
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-    for (int h = 0; h < 2; ++h) colc[nt][h] = min(n0 + wn * 32 + nt * 8 + 2 * t + h, N - 1);
+  for (int mt = 0; mt < MT; ++mt)
+    for (int nt = 0; nt < 4; ++nt)
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
+  fetch(0);
+  convert(0);
+  if (nst > 1) fetch(1);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < nst) load(s, s);
     cp_commit();
   }
+  const int rbase = wm * MT * 16, cbase = wn * 32;
   for (int it = 0; it < nst; ++it) {
     cp_wait<STAGES - 2>();
     __syncthreads();
     if (it + STAGES - 1 < nst) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
     cp_commit();
-    const uint8_t* A = sa[it % STAGES];
-    const uint8_t* B = sb[it % STAGES];
+    if (it + 1 < nst) convert((it + 1) & 1);
+    if (it + 2 < nst) fetch(it + 2);
+    const uint8_t* A = sA + (it % STAGES) * C::A_BYTES;
+    const uint8_t* B = sB + (it % STAGES) * C::B_BYTES;
+    const float* S = sS + (it & 1) * C::S_FLOATS;
+    const float* D = sD + (it & 1) * C::D_FLOATS;
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
-      const int bi = it * 2 + kb;  // the 32-block of k
-      if (bi >= nb) break;
-      float da[2][2];
+      if (it * 2 + kb >= nb) break;  // the tail stage's second block
+      uint32_t a[MT][4];
+      float da[MT][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-        for (int h = 0; h < 2; ++h) da[mt][h] = __ldg(xd + size_t(rowc[mt][h]) * nb + bi);
-      float sw[4][2][2];  // [nt][col][16-block] (W4A8 / W8A8: one scale per 32)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        for (int h = 0; h < 2; ++h) {
-          const size_t r = size_t(colc[nt][h]) * nbs;
-          if (FMT == 0) {
-            const uint8_t* sc = static_cast<const uint8_t*>(scales) + r + bi * 2;
-            sw[nt][h][0] = e4m3_to_float(__ldg(sc)) * 0.5f;
-            sw[nt][h][1] = e4m3_to_float(__ldg(sc + 1)) * 0.5f;
-          } else {
-            const uint16_t* sc = static_cast<const uint16_t*>(scales) + r + (FMT == 1 ? bi * 32 / group : bi);
-            sw[nt][h][0] = __half2float(__ushort_as_half(__ldg(sc)));
-          }
-        }
-      uint32_t a[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const uint8_t* p = A + (wm * 32 + mt * 16 + g) * A_LD + kb * 32 + 4 * t;
-        a[mt][0] = *reinterpret_cast<const uint32_t*>(p);
-        a[mt][1] = *reinterpret_cast<const uint32_t*>(p + 8 * A_LD);
-        a[mt][2] = *reinterpret_cast<const uint32_t*>(p + 16);
-        a[mt][3] = *reinterpret_cast<const uint32_t*>(p + 8 * A_LD + 16);
+      for (int mt = 0; mt < MT; ++mt) {
+        ldsm_x4(a[mt], A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
+        da[mt][0] = D[(rbase + mt * 16 + g) * 2 + kb];
+        da[mt][1] = D[(rbase + mt * 16 + g + 8) * 2 + kb];
       }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        const uint8_t* p = B + (wn * 32 + nt * 8 + g) * B_LD;
-        uint32_t b0, b1;  // k 4t..4t+3 and 16+4t..16+4t+3 of this 32-block
+        const int col = cbase + nt * 8;
+        const uint8_t* p = B + (col + g) * B_LD;
+        uint32_t b0, b1;  // k 4t..4t+3 and 16+4t..16+4t+3 of this 32-block, column col + g
         if (FMT == 2) {
           b0 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 4 * t);
           b1 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 16 + 4 * t);
         } else {
           const uint32_t x0 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 2 * t);
           const uint32_t x1 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 8 + 2 * t);
-          b0 = FMT == 0 ? e2m1_to_i8x4(x0) : w4_to_i8x4(x0);
-          b1 = FMT == 0 ? e2m1_to_i8x4(x1) : w4_to_i8x4(x1);
+          b0 = FMT == 0 ? e2m1_s8(x0) : w4_s8(x0);
+          b1 = FMT == 0 ? e2m1_s8(x1) : w4_s8(x1);
         }
+        // the scales of this thread's output columns col + 2t and col + 2t + 1
+        const float* sp = S + (kb * BN + col + 2 * t) * SC;
+        if (FMT == 0) {
+          const float4 h0 = *reinterpret_cast<const float4*>(sp);       // sw 16-block 0, 1, -sw*magic 0, 1
+          const float4 h1 = *reinterpret_cast<const float4*>(sp + SC);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          if (FMT == 0) {  // two 16-blocks, each with its own weight scale
-            int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
-            mma_k16(c0, a[mt][0], a[mt][1], b0);
-            mma_k16(c1, a[mt][2], a[mt][3], b1);
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t d0[4], d1[4];
+            mma_k16(d0, a[mt][0], a[mt][1], b0);
+            mma_k16(d1, a[mt][2], a[mt][3], b1);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc[mt][nt][e] += da[mt][e >> 1] * (sw[nt][e & 1][0] * float(c0[e]) + sw[nt][e & 1][1] * float(c1[e]));
-          } else {
-            int c[4] = {0, 0, 0, 0};
-            mma_k32(c, a[mt], b0, b1);
+            for (int e = 0; e < 4; ++e) {
+              const float4& h = (e & 1) ? h1 : h0;
+              const float x0 = fmaf(h.x, __uint_as_float(d0[e]), h.z);  // round(sw0 * isum0)
+              const float x1 = fmaf(h.y, __uint_as_float(d1[e]), h.w);
+              acc[mt][nt][e] = fmaf(da[mt][e >> 1], x0 + x1, acc[mt][nt][e]);
+            }
+          }
+        } else {
+          const float4 h = *reinterpret_cast<const float4*>(sp);  // sw, -sw*magic of both columns
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] += da[mt][e >> 1] * sw[nt][e & 1][0] * float(c[e]);
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t d[4];
+            mma_k32(d, a[mt], b0, b1);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float x = (e & 1) ? fmaf(h.z, __uint_as_float(d[e]), h.w) : fmaf(h.x, __uint_as_float(d[e]), h.y);
+              acc[mt][nt][e] = fmaf(da[mt][e >> 1], x, acc[mt][nt][e]);
+            }
           }
         }
       }
     }
   }
   cp_wait<0>();
+  // ---- store: column pairs as float2 where the row stride and pointer allow ----
   const float ts = FMT == 0 ? tscale : 1.0f;
+  const bool pair = ((ldy | int(reinterpret_cast<uintptr_t>(y) >> 2)) & 1) == 0;
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
     for (int nt = 0; nt < 4; ++nt)
-      for (int e = 0; e < 4; ++e) {
-        const int m = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1), n = n0 + wn * 32 + nt * 8 + 2 * t + (e & 1);
-        if (m < M && n < N) y[size_t(m) * ldy + n] = acc[mt][nt][e] * ts;
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + rbase + mt * 16 + g + 8 * h, n = n0 + cbase + nt * 8 + 2 * t;
+        if (m >= M || n >= N) continue;
+        float* o = y + size_t(m) * ldy + n;
+        const float v0 = acc[mt][nt][2 * h] * ts, v1 = acc[mt][nt][2 * h + 1] * ts;
+        if (pair && n + 1 < N) {
+          *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
+        } else {
+          o[0] = v0;
+          if (n + 1 < N) o[1] = v1;
+        }
       }
+}
+
+// ================================ launch ================================
+template <int FMT, int BM, int BN, int MINB = 2>
+cudaError_t launch(const Args& a, int tiles, cudaStream_t stream) {
+  constexpr int smem = Cfg<FMT, BM, BN>::SMEM;
+  static bool ready = false;  // raise the dynamic shared-memory limit once per instantiation
+  if (!ready) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(gemm_q8_kernel<FMT, BM, BN, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    ready = true;
+  }
+  const dim3 grid((a.M + BM - 1) / BM, tiles);
+  gemm_q8_kernel<FMT, BM, BN, MINB><<<grid, THREADS, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int FMT>
+cudaError_t launch_cfg(int cfg, const Args& a, int tiles, cudaStream_t stream) {
+  switch (cfg) {
+    case 0: return launch<FMT, 128, 128>(a, tiles, stream);
+    case 1: return launch<FMT, 64, 128>(a, tiles, stream);
+    case 2: return launch<FMT, 128, 64>(a, tiles, stream);
+    case 3: return launch<FMT, 32, 128>(a, tiles, stream);
+    default: return launch<FMT, 128, 128, 1>(a, tiles, stream);  // 4: one block per SM, no register cap
+  }
+}
+
+int sm_count() {
+  static int n = 0;
+  if (!n) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 1;
+  }
+  return n;
+}
+
+// The tile shape for an M x (sum of N) problem: the largest tile that still gives every SM
+// two blocks; the smaller tiles for fewer tokens or a narrow output.
+int pick_cfg(int M, int tiles128, int tiles64) {
+  const int slots = 2 * sm_count();
+  if (M <= 32) return 3;
+  if (M <= 64) return 1;
+  const int mb128 = (M + 127) / 128;
+  if (mb128 * tiles128 >= slots) return 0;
+  if (mb128 * tiles64 >= slots) return 2;
+  return 1;
 }
 
 }  // namespace
 
-// ================================ launch ================================
+namespace detail {
+cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
+                               const float* xd, int M, cudaStream_t stream) {
+  if (fmt < 0 || fmt > 2 || n < 1 || n > MAXW || M < 1 || Kp < 32 || Kp % 32 ||
+      (fmt == 1 && (group < 32 || group % 32 || Kp % group)) || reinterpret_cast<uintptr_t>(xq) % 16 || Kp % 16)
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.xq = xq, a.xd = xd, a.M = M, a.Kp = Kp, a.group = group, a.n = n;
+  for (int i = 0; i < n; ++i) {
+    if (w[i].N < 1 || !w[i].codes || !w[i].scales || !w[i].y || w[i].ldy < w[i].N ||
+        reinterpret_cast<uintptr_t>(w[i].codes) % 16 || reinterpret_cast<uintptr_t>(w[i].scales) % 2)
+      return cudaErrorInvalidValue;
+    a.codes[i] = w[i].codes, a.scales[i] = w[i].scales, a.tscale[i] = w[i].tscale, a.N[i] = w[i].N;
+    a.y[i] = w[i].y, a.ldy[i] = w[i].ldy;
+  }
+  if (cfg > 4) return cudaErrorInvalidValue;
+  if (cfg < 0) {
+    int t128 = 0, t64 = 0;
+    for (int i = 0; i < n; ++i) t128 += (w[i].N + 127) / 128, t64 += (w[i].N + 63) / 64;
+    cfg = pick_cfg(M, t128, t64);
+  }
+  const int bn = cfg == 2 ? 64 : 128;  // every other shape is 128 outputs wide
+  int tile = 0;
+  for (int i = 0; i < n; ++i) a.tile0[i] = tile, tile += (w[i].N + bn - 1) / bn;
+  for (int i = n; i <= MAXW; ++i) a.tile0[i] = tile;
+  if (tile > 65535) return cudaErrorInvalidValue;
+  return fmt == 0 ? launch_cfg<0>(cfg, a, tile, stream)
+         : fmt == 1 ? launch_cfg<1>(cfg, a, tile, stream)
+                    : launch_cfg<2>(cfg, a, tile, stream);
+}
+}  // namespace detail
+
+cudaError_t gemm_q8_mma_many(int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
+                             const float* xd, int M, cudaStream_t stream) {
+  // KVDECK_CUDA_MMA=v1: the session-3 kernel, one launch per weight (A/B only; read at every
+  // call, so one process can time both: bench gpu)
+  const char* env = std::getenv("KVDECK_CUDA_MMA");
+  if (!env || std::strcmp(env, "v1") != 0) return detail::gemm_q8_mma_config(-1, fmt, w, n, group, Kp, xq, xd, M, stream);
+  if (n < 1 || n > MAXW) return cudaErrorInvalidValue;
+  for (int i = 0; i < n; ++i) {
+    const cudaError_t e =
+        gemm_q8_mma_v1(fmt, w[i].codes, w[i].scales, w[i].tscale, group, w[i].N, Kp, xq, xd, M, w[i].y, w[i].ldy, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
                         const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream) {
-  if (fmt < 0 || fmt > 2 || M < 1 || N < 1 || Kp < 32 || Kp % 32 ||
-      (fmt == 1 && (group < 32 || group % 32 || Kp % group)) ||
-      (reinterpret_cast<uintptr_t>(codes) | reinterpret_cast<uintptr_t>(xq)) % 16)
-    return cudaErrorInvalidValue;
-  const dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
-  if (fmt == 0)
-    gemm_q8_kernel<0><<<grid, THREADS, 0, stream>>>(codes, scales, tscale, group, N, Kp, xq, xd, M, y, ldy);
-  else if (fmt == 1)
-    gemm_q8_kernel<1><<<grid, THREADS, 0, stream>>>(codes, scales, tscale, group, N, Kp, xq, xd, M, y, ldy);
-  else
-    gemm_q8_kernel<2><<<grid, THREADS, 0, stream>>>(codes, scales, tscale, group, N, Kp, xq, xd, M, y, ldy);
-  return cudaGetLastError();
+  const GemmQ8Weight w{codes, scales, tscale, N, y, ldy};
+  return gemm_q8_mma_many(fmt, &w, 1, group, Kp, xq, xd, M, stream);
 }
 
 }  // namespace kvdeck::cuda
