@@ -1,7 +1,7 @@
 // Prefill GEMM on the tensor cores: int8 mma.sync (sm_80+) over the q8 activations of
 // quantize_act_q8 and the integer weight codes, the CPU's block arithmetic kept exactly.
 //
-// Why int8 and not dequantise-to-f16: every integer format's CPU reference (gemm_scalar.cpp)
+// Why int8 for W4A8 / W8A8 and not dequantise-to-f16: every integer format's CPU reference (gemm_scalar.cpp)
 // is an exact int32 sum per block times f32 scales. The codes are integers (NVFP4: 2*e2m1 in
 // int8, W4A8: nibble - 8, W8A8: the int8 code) and so are the activations, so
 //   mma.sync.m16n8k16 (NVFP4, one per 16-block) / m16n8k32 (W4A8, W8A8) .s32.s8.s8.s32
@@ -26,6 +26,13 @@
 //   conflict-free ldmatrix for the activations and 16-bit weight loads), 2 blocks per SM.
 //   blockIdx.x runs over M so the blocks that share a weight tile run together (one DRAM read).
 // - Several weights sharing K and format (q/k/v, gate/up) in one launch (gemm_q8_mma_many).
+// - NVFP4 by default on the f16 mma instead (kernel format 3): e2m1 (2 significant bits) times
+//   its e4m3 block scale (4) is exact in f16, and so are the q8 activations (made f16 in
+//   registers: [q ^ 0x80, 0x64] - 1152), so m16n8k16.f32.f16.f16 sums each 32-block with the
+//   scales already in the weights: one FFMA (d_a) per output and 32-block instead of four,
+//   as many mma as the int8 path. The tensor core's f32 sums are not IEEE round-to-nearest, so the
+//   result is the CPU's to a few f32 ulps (~1e-7 relative), no longer bit-structured;
+//   KVDECK_CUDA_GEMM_NVFP4=i8 (read at every launch) selects the int8 kernel (format 0).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -67,7 +74,7 @@ struct Cfg {
   static constexpr int WN = BN / 32, WM = 8 / WN, MT = BM / (16 * WM);
   static constexpr int B_ROW = FMT == 2 ? BK : BK / 2;  // weight bytes per row and stage
   static constexpr int B_LD = B_ROW + 16;               // 80 (w8) or 48 (4-bit)
-  static constexpr int SC = FMT == 0 ? 4 : 2;           // floats per column and 32-block
+  static constexpr int SC = FMT == 0 ? 4 : FMT == 3 ? 1 : 2;  // 32-bit words per column and 32-block
   static constexpr int A_BYTES = BM * A_LD, B_BYTES = BN * B_LD;
   static constexpr int S_FLOATS = 2 * BN * SC, D_FLOATS = BM * 2;  // per buffer (2 buffers)
   static constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * 4 * (S_FLOATS + D_FLOATS);
@@ -98,6 +105,31 @@ __device__ __forceinline__ void mma_k32(uint32_t d[4], const uint32_t a[4], uint
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(kMagic));
+}
+// f16 x f16 -> f32, D = A * B + C
+__device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const float c[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+// 4 int8 -> two half2 (bytes 0,1 and 2,3), exact: [q ^ 0x80, 0x64] is the f16 1024 + q + 128.
+__device__ __forceinline__ void i8x4_to_half2x2(uint32_t a, uint32_t& lo, uint32_t& hi) {
+  const uint32_t x = a ^ 0x80808080u;
+  const __half2 off = __half2half2(__ushort_as_half(0xE480u));  // -1152
+  uint32_t l = prmt(x, 0x64646464u, 0x5140u), h = prmt(x, 0x64646464u, 0x7362u);
+  __half2 hl, hh;
+  memcpy(&hl, &l, 4), memcpy(&hh, &h, 4);
+  hl = __hadd2(hl, off), hh = __hadd2(hh, off);
+  memcpy(&lo, &hl, 4), memcpy(&hi, &hh, 4);
+}
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
+  __half2 x, y;
+  memcpy(&x, &a, 4), memcpy(&y, &b, 4);
+  x = __hmul2(x, y);
+  uint32_t r;
+  memcpy(&r, &x, 4);
+  return r;
 }
 __device__ __forceinline__ void mma_k16(uint32_t d[4], uint32_t a0, uint32_t a1, uint32_t b) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
@@ -135,7 +167,7 @@ __device__ __forceinline__ uint32_t w4_s8(uint32_t x) {
 }
 
 // ================================ the kernel ================================
-// FMT 0 NVFP4, 1 W4A8, 2 W8A8. For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
+// FMT 0 NVFP4 (int8 mma), 1 W4A8, 2 W8A8, 3 NVFP4 (f16 mma). For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
 template <int FMT, int BM, int BN, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args) {
   using C = Cfg<FMT, BM, BN>;
@@ -197,13 +229,13 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   auto fetch = [&](int s) {
     if (tid < BN) {
       const int n = min(n0 + tid, N - 1);
-      if (FMT == 0) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
+      if (FMT == 0 || FMT == 3) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
         const int ns = Kp / 16;
         const uint8_t* r = static_cast<const uint8_t*>(scales) + size_t(n) * ns;
         raw0 = __ldg(reinterpret_cast<const uint16_t*>(r + min(4 * s, ns - 2)));
         raw1 = __ldg(reinterpret_cast<const uint16_t*>(r + min(4 * s + 2, ns - 2)));
       } else {
-        const int ng = FMT == 1 ? Kp / group : nb;
+        const int ng = FMT == 1 ? Kp / group : nb;  // FMT 1 / 2
         const uint16_t* r = static_cast<const uint16_t*>(scales) + size_t(n) * ng;
         raw0 = __ldg(r + min(FMT == 1 ? 64 * s / group : 2 * s, ng - 1));
         raw1 = __ldg(r + min(FMT == 1 ? (64 * s + 32) / group : 2 * s + 1, ng - 1));
@@ -217,7 +249,14 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   auto convert = [&](int buf) {
     float* S = sS + buf * C::S_FLOATS;
     if (tid < BN) {
-      if (FMT == 0) {
+      if (FMT == 3) {  // the e4m3 values as f16 (exact), both 16-blocks of a 32-block in one word
+        uint32_t h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          h[i] = __half_as_ushort(__float2half_rn(e4m3_to_float(((i < 2 ? raw0 : raw1) >> (8 * (i & 1))) & 0xFFu)));
+        reinterpret_cast<uint32_t*>(S)[tid] = h[0] | (h[1] << 16);
+        reinterpret_cast<uint32_t*>(S)[BN + tid] = h[2] | (h[3] << 16);
+      } else if (FMT == 0) {
         float sw[4];
         sw[0] = e4m3_to_float(raw0 & 0xFFu) * 0.5f, sw[1] = e4m3_to_float(raw0 >> 8) * 0.5f;
         sw[2] = e4m3_to_float(raw1 & 0xFFu) * 0.5f, sw[3] = e4m3_to_float(raw1 >> 8) * 0.5f;
@@ -266,56 +305,93 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       if (it * 2 + kb >= nb) break;  // the tail stage's second block
-      uint32_t a[MT][4];
-      float da[MT][2];
+      if constexpr (FMT == 3) {  // NVFP4 on f16 mma: e2m1 * e4m3 is exact in f16, so is q8; d_a per 32-block
+        uint32_t bf[4][4];  // per column tile: f16 weights (k 4t, 4t+1 | 4t+2, 4t+3) of 16-blocks 0, 1
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        ldsm_x4(a[mt], A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
-        da[mt][0] = D[(rbase + mt * 16 + g) * 2 + kb];
-        da[mt][1] = D[(rbase + mt * 16 + g + 8) * 2 + kb];
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int col = cbase + nt * 8;
-        const uint8_t* p = B + (col + g) * B_LD;
-        uint32_t b0, b1;  // k 4t..4t+3 and 16+4t..16+4t+3 of this 32-block, column col + g
-        if (FMT == 2) {
-          b0 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 4 * t);
-          b1 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 16 + 4 * t);
-        } else {
-          const uint32_t x0 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 2 * t);
-          const uint32_t x1 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 8 + 2 * t);
-          b0 = FMT == 0 ? e2m1_s8(x0) : w4_s8(x0);
-          b1 = FMT == 0 ? e2m1_s8(x1) : w4_s8(x1);
+        for (int nt = 0; nt < 4; ++nt) {
+          const int col = cbase + nt * 8;
+          const uint8_t* p = B + (col + g) * B_LD + kb * 16 + 2 * t;
+          const uint32_t q = uint32_t(*reinterpret_cast<const uint16_t*>(p)) |
+                             (uint32_t(*reinterpret_cast<const uint16_t*>(p + 8)) << 16);
+          uint32_t h[4];
+          e2m1x8_to_half2x4(q, h);
+          const uint32_t sc = reinterpret_cast<const uint32_t*>(S)[kb * BN + col + g];
+          const uint32_t s0 = prmt(sc, 0u, 0x1010u), s1 = prmt(sc, 0u, 0x3232u);
+          bf[nt][0] = hmul2_u32(h[0], s0), bf[nt][1] = hmul2_u32(h[1], s0);
+          bf[nt][2] = hmul2_u32(h[2], s1), bf[nt][3] = hmul2_u32(h[3], s1);
         }
-        // the scales of this thread's output columns col + 2t and col + 2t + 1
-        const float* sp = S + (kb * BN + col + 2 * t) * SC;
-        if (FMT == 0) {
-          const float4 h0 = *reinterpret_cast<const float4*>(sp);       // sw 16-block 0, 1, -sw*magic 0, 1
-          const float4 h1 = *reinterpret_cast<const float4*>(sp + SC);
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            uint32_t d0[4], d1[4];
-            mma_k16(d0, a[mt][0], a[mt][1], b0);
-            mma_k16(d1, a[mt][2], a[mt][3], b1);
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t a8[4], a0[4], a1[4];  // int8 fragment; f16 fragments of 16-blocks 0 and 1
+          ldsm_x4(a8, A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
+          // slot "k 2t, 2t+1" holds k 4t, 4t+1 and slot "2t+8, 2t+9" k 4t+2, 4t+3, as bf above
+          i8x4_to_half2x2(a8[0], a0[0], a0[2]);
+          i8x4_to_half2x2(a8[1], a0[1], a0[3]);
+          i8x4_to_half2x2(a8[2], a1[0], a1[2]);
+          i8x4_to_half2x2(a8[3], a1[1], a1[3]);
+          const float d0 = D[(rbase + mt * 16 + g) * 2 + kb], d1 = D[(rbase + mt * 16 + g + 8) * 2 + kb];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float4& h = (e & 1) ? h1 : h0;
-              const float x0 = fmaf(h.x, __uint_as_float(d0[e]), h.z);  // round(sw0 * isum0)
-              const float x1 = fmaf(h.y, __uint_as_float(d1[e]), h.w);
-              acc[mt][nt][e] = fmaf(da[mt][e >> 1], x0 + x1, acc[mt][nt][e]);
-            }
+          for (int nt = 0; nt < 4; ++nt) {
+            const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float c[4];
+            mma_f16(c, a0, bf[nt][0], bf[nt][1], z);
+            mma_f16(c, a1, bf[nt][2], bf[nt][3], c);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = fmaf(e < 2 ? d0 : d1, c[e], acc[mt][nt][e]);
           }
-        } else {
-          const float4 h = *reinterpret_cast<const float4*>(sp);  // sw, -sw*magic of both columns
+        }
+      } else {  // integer mma: NVFP4 (int8), W4A8, W8A8
+        uint32_t a[MT][4];
+        float da[MT][2];
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            uint32_t d[4];
-            mma_k32(d, a[mt], b0, b1);
+        for (int mt = 0; mt < MT; ++mt) {
+          ldsm_x4(a[mt], A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
+          da[mt][0] = D[(rbase + mt * 16 + g) * 2 + kb];
+          da[mt][1] = D[(rbase + mt * 16 + g + 8) * 2 + kb];
+        }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float x = (e & 1) ? fmaf(h.z, __uint_as_float(d[e]), h.w) : fmaf(h.x, __uint_as_float(d[e]), h.y);
-              acc[mt][nt][e] = fmaf(da[mt][e >> 1], x, acc[mt][nt][e]);
+        for (int nt = 0; nt < 4; ++nt) {
+          const int col = cbase + nt * 8;
+          const uint8_t* p = B + (col + g) * B_LD;
+          uint32_t b0, b1;  // k 4t..4t+3 and 16+4t..16+4t+3 of this 32-block, column col + g
+          if (FMT == 2) {
+            b0 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 4 * t);
+            b1 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 16 + 4 * t);
+          } else {
+            const uint32_t x0 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 2 * t);
+            const uint32_t x1 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 8 + 2 * t);
+            b0 = FMT == 0 ? e2m1_s8(x0) : w4_s8(x0);
+            b1 = FMT == 0 ? e2m1_s8(x1) : w4_s8(x1);
+          }
+          // the scales of this thread's output columns col + 2t and col + 2t + 1
+          const float* sp = S + (kb * BN + col + 2 * t) * SC;
+          if (FMT == 0) {
+            const float4 h0 = *reinterpret_cast<const float4*>(sp);       // sw 16-block 0, 1, -sw*magic 0, 1
+            const float4 h1 = *reinterpret_cast<const float4*>(sp + SC);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              uint32_t d0[4], d1[4];
+              mma_k16(d0, a[mt][0], a[mt][1], b0);
+              mma_k16(d1, a[mt][2], a[mt][3], b1);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float4& h = (e & 1) ? h1 : h0;
+                const float x0 = fmaf(h.x, __uint_as_float(d0[e]), h.z);  // round(sw0 * isum0)
+                const float x1 = fmaf(h.y, __uint_as_float(d1[e]), h.w);
+                acc[mt][nt][e] = fmaf(da[mt][e >> 1], x0 + x1, acc[mt][nt][e]);
+              }
+            }
+          } else {
+            const float4 h = *reinterpret_cast<const float4*>(sp);  // sw, -sw*magic of both columns
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              uint32_t d[4];
+              mma_k32(d, a[mt], b0, b1);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float x = (e & 1) ? fmaf(h.z, __uint_as_float(d[e]), h.w) : fmaf(h.x, __uint_as_float(d[e]), h.y);
+                acc[mt][nt][e] = fmaf(da[mt][e >> 1], x, acc[mt][nt][e]);
+              }
             }
           }
         }
@@ -324,7 +400,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   }
   cp_wait<0>();
   // ---- store: column pairs as float2 where the row stride and pointer allow ----
-  const float ts = FMT == 0 ? tscale : 1.0f;
+  const float ts = FMT == 0 || FMT == 3 ? tscale : 1.0f;
   const bool pair = ((ldy | int(reinterpret_cast<uintptr_t>(y) >> 2)) & 1) == 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -380,15 +456,16 @@ int sm_count() {
   return n;
 }
 
-// The tile shape for an M x (sum of N) problem: the largest tile that still gives every SM
-// two blocks; the smaller tiles for fewer tokens or a narrow output.
-int pick_cfg(int M, int tiles128, int tiles64) {
-  const int slots = 2 * sm_count();
+// The tile shape for an M x (sum of N) problem, by the H200 sweep (NOTES.md, session 5): 128 x
+// 128 with one block per SM (no register cap) where its blocks fill one wave (o, down at 512
+// tokens) or many (gate/up, lm_head); 64 x 128 (two per SM) in between (q/k/v: 1.45 waves) and
+// for 33-64 tokens; 32 x 128 for fewer.
+int pick_cfg(int M, int tiles128) {
+  const int sms = sm_count();
   if (M <= 32) return 3;
   if (M <= 64) return 1;
-  const int mb128 = (M + 127) / 128;
-  if (mb128 * tiles128 >= slots) return 0;
-  if (mb128 * tiles64 >= slots) return 2;
+  const int b = (M + 127) / 128 * tiles128;
+  if ((10 * b >= 9 * sms && b <= sms) || b >= 4 * sms) return 4;
   return 1;
 }
 
@@ -397,7 +474,7 @@ int pick_cfg(int M, int tiles128, int tiles64) {
 namespace detail {
 cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
                                const float* xd, int M, cudaStream_t stream) {
-  if (fmt < 0 || fmt > 2 || n < 1 || n > MAXW || M < 1 || Kp < 32 || Kp % 32 ||
+  if (fmt < 0 || fmt > 3 || n < 1 || n > MAXW || M < 1 || Kp < 32 || Kp % 32 ||
       (fmt == 1 && (group < 32 || group % 32 || Kp % group)) || reinterpret_cast<uintptr_t>(xq) % 16 || Kp % 16)
     return cudaErrorInvalidValue;
   Args a{};
@@ -411,18 +488,21 @@ cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, i
   }
   if (cfg > 4) return cudaErrorInvalidValue;
   if (cfg < 0) {
-    int t128 = 0, t64 = 0;
-    for (int i = 0; i < n; ++i) t128 += (w[i].N + 127) / 128, t64 += (w[i].N + 63) / 64;
-    cfg = pick_cfg(M, t128, t64);
+    int t128 = 0;
+    for (int i = 0; i < n; ++i) t128 += (w[i].N + 127) / 128;
+    cfg = pick_cfg(M, t128);
   }
   const int bn = cfg == 2 ? 64 : 128;  // every other shape is 128 outputs wide
   int tile = 0;
   for (int i = 0; i < n; ++i) a.tile0[i] = tile, tile += (w[i].N + bn - 1) / bn;
   for (int i = n; i <= MAXW; ++i) a.tile0[i] = tile;
   if (tile > 65535) return cudaErrorInvalidValue;
-  return fmt == 0 ? launch_cfg<0>(cfg, a, tile, stream)
-         : fmt == 1 ? launch_cfg<1>(cfg, a, tile, stream)
-                    : launch_cfg<2>(cfg, a, tile, stream);
+  switch (fmt) {
+    case 0: return launch_cfg<0>(cfg, a, tile, stream);
+    case 1: return launch_cfg<1>(cfg, a, tile, stream);
+    case 2: return launch_cfg<2>(cfg, a, tile, stream);
+    default: return launch_cfg<3>(cfg, a, tile, stream);
+  }
 }
 }  // namespace detail
 
@@ -430,9 +510,14 @@ cudaError_t gemm_q8_mma_many(int fmt, const GemmQ8Weight* w, int n, int group, i
                              const float* xd, int M, cudaStream_t stream) {
   // KVDECK_CUDA_MMA=v1: the session-3 kernel, one launch per weight (A/B only; read at every
   // call, so one process can time both: bench gpu)
+  // KVDECK_CUDA_GEMM_NVFP4=i8: NVFP4 on the int8 mma (kernel format 0) instead of f16 (3)
   const char* env = std::getenv("KVDECK_CUDA_MMA");
-  if (!env || std::strcmp(env, "v1") != 0) return detail::gemm_q8_mma_config(-1, fmt, w, n, group, Kp, xq, xd, M, stream);
-  if (n < 1 || n > MAXW) return cudaErrorInvalidValue;
+  if (!env || std::strcmp(env, "v1") != 0) {
+    const char* nv = std::getenv("KVDECK_CUDA_GEMM_NVFP4");
+    const int kf = fmt == 0 && !(nv && std::strcmp(nv, "i8") == 0) ? 3 : fmt;
+    return detail::gemm_q8_mma_config(-1, kf, w, n, group, Kp, xq, xd, M, stream);
+  }
+  if (fmt < 0 || fmt > 2 || n < 1 || n > MAXW) return cudaErrorInvalidValue;
   for (int i = 0; i < n; ++i) {
     const cudaError_t e =
         gemm_q8_mma_v1(fmt, w[i].codes, w[i].scales, w[i].tscale, group, w[i].N, Kp, xq, xd, M, w[i].y, w[i].ldy, stream);

@@ -10,8 +10,8 @@ per kernel name: launches, µs per prefill, µs per launch; then per op kind (ge
 norm+q8, rope+kv, silu+q8, other), the kernel sum, the GPU span and the wall time per prefill,
 and the wall time scaled to the full layer count (layers' share by kernel time, the head as is).
 KVDECK_CUDA_MMA=0 in the environment profiles the batch-8 GEMV chunks instead (A/B); `ab`
-profiles the same engine a second time with KVDECK_CUDA_MMA=v1 (the session-3 GEMM kernel,
-read at every launch).
+profiles the same engine again with KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma) and
+with KVDECK_CUDA_MMA=v1 (the session-3 GEMM kernel), both read at every launch.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from app.bench import gpu_model
 
 REPS = 3
+LLAMA_CPP_PP512_8B = 10634  # tok/s, llama-bench pp512 fa on, Q4_0, same H200 (/work/shared/tools/llamacpp-peer)
 KINDS = (("gemm", ("gemm_q8", "gemv")), ("attention", ("attention", "attn")), ("norm+q8", ("rmsnorm", "norm")),
          ("rope+kv", ("rope", "kv_write")), ("silu+q8", ("silu",)), ("quantize", ("quantize",)))
 
@@ -52,7 +53,11 @@ def main() -> int:
     eng = gpu_model.build(shape, "nvfp4", "nvfp4" if big else "f16", "cuda", layers=layers, max_context=4096,
                           head="nvfp4" if big else "w8a8", embed="f16" if big else "f32", max_chunk=max(512, M))
     report(eng, shape, full, layers, M)
-    if "ab" in sys.argv[1:]:
+    if "ab" in sys.argv[1:]:  # the same engine: both switches are read at every GEMM launch
+        os.environ["KVDECK_CUDA_GEMM_NVFP4"] = "i8"
+        print("[KVDECK_CUDA_GEMM_NVFP4=i8: NVFP4 on the int8 mma]")
+        report(eng, shape, full, layers, M)
+        os.environ.pop("KVDECK_CUDA_GEMM_NVFP4")
         os.environ["KVDECK_CUDA_MMA"] = "v1"
         print("[KVDECK_CUDA_MMA=v1: the session-3 GEMM]")
         report(eng, shape, full, layers, M)
@@ -60,6 +65,7 @@ def main() -> int:
 
 
 def report(eng, shape: str, full: int, layers: int, M: int) -> None:
+    big = shape == "llama3-8b"
     ids = np.random.default_rng(2).integers(100, 30000, M).astype(np.int32)
     for _ in range(2):  # warm-up: workspaces, module load
         s = eng.open_sequence(0)
@@ -91,7 +97,8 @@ def report(eng, shape: str, full: int, layers: int, M: int) -> None:
         kinds[kind(name)] += us / REPS
     print("  by kind: " + ", ".join(f"{k} {v:.0f} us ({v / total:.0%})" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
     print(f"  kernels {total:.0f} us; GPU span {(hi - lo) / REPS:.0f} us; wall {wall:.0f} us "
-          f"({M / wall * 1e6:.0f} tok/s at {layers} layers)")
+          f"({M / wall * 1e6:.0f} tok/s at {layers} layers"
+          + (f", {M / wall * 1e6 / LLAMA_CPP_PP512_8B:.2f}x llama.cpp's pp512)" if layers == full and big else ")"))
     if layers != full:
         # the head (final norm + lm_head on the last row) is not per layer: the whole-model
         # estimate scales the wall time less the head's kernels

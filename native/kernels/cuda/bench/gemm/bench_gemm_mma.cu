@@ -79,26 +79,29 @@ int main(int argc, char** argv) {
   const char* cfg_name[5] = {"128x128", "64x128", "128x64", "32x128", "128x128/1"};
   std::mt19937 rng(7);
   int fails = 0;
-  double sum_new[3] = {0, 0, 0}, sum_v1[3] = {0, 0, 0};  // the layer shapes' µs (no lm_head)
-  for (int fmt = 0; fmt < 3; ++fmt) {
+  double sum_new[4] = {0, 0, 0, 0}, sum_v1[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
+  const char* fnames[4] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16"};
+  for (int fmt : {3, 0, 1, 2}) {  // kernel formats: 3 and 0 are both NVFP4 (f16 / int8 mma)
+    const bool nv = fmt == 0 || fmt == 3;
+    const int wf = nv ? 0 : fmt;  // the weight format
     for (const Shape& s : shapes) {
-      if (fmt == 2 && s.N[0] > 28672) continue;
+      if (wf == 2 && s.N[0] > 28672) continue;
       int N = 0;
       for (int i = 0; i < s.n; ++i) N += s.N[i];
       const int K = s.K, nb = K / 32;
-      const size_t row = fmt == 2 ? size_t(K) : size_t(K) / 2;
+      const size_t row = wf == 2 ? size_t(K) : size_t(K) / 2;
       std::vector<uint8_t> codes(size_t(N) * row);
       for (auto& c : codes) c = uint8_t(rng());
       std::vector<uint8_t> sc8;
       std::vector<uint16_t> sc16;
-      if (fmt == 0) {
+      if (nv) {
         sc8.resize(size_t(N) * K / 16);
         for (auto& c : sc8) c = uint8_t(0x28 + rng() % 24);  // E4M3 ~0.03 .. 0.5
       } else {
-        sc16.resize(size_t(N) * (fmt == 1 ? 1 : nb));
+        sc16.resize(size_t(N) * (wf == 1 ? 1 : nb));
         for (auto& c : sc16) c = uint16_t(0x2000 + rng() % 0x800);  // f16 ~0.008 .. 0.016
       }
-      const size_t srow = fmt == 0 ? size_t(K) / 16 : fmt == 1 ? 1 : size_t(nb);  // scales per weight row
+      const size_t srow = nv ? size_t(K) / 16 : wf == 1 ? 1 : size_t(nb);  // scales per weight row
       std::vector<int8_t> q(size_t(M) * K);
       for (auto& v : q) v = int8_t(int(rng() % 255) - 127);
       std::vector<float> d(size_t(M) * nb);
@@ -111,8 +114,8 @@ int main(int argc, char** argv) {
           sa[size_t(m) * nb + b] = t;
         }
       uint8_t* dc = up(codes);
-      uint8_t* ds = fmt == 0 ? up(sc8) : reinterpret_cast<uint8_t*>(up(sc16));
-      const size_t sbytes = fmt == 0 ? 1 : 2;
+      uint8_t* ds = nv ? up(sc8) : reinterpret_cast<uint8_t*>(up(sc16));
+      const size_t sbytes = nv ? 1 : 2;
       int8_t* dq = up(q);
       float* dd = up(d);
       int32_t* dsa = up(sa);
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
       auto gemm = [&](int cfg) { CK(detail::gemm_q8_mma_config(cfg, fmt, w, s.n, K, K, dq, dd, M, 0)); };
       auto v1 = [&] {
         for (int i = 0; i < s.n; ++i)
-          CK(gemm_q8_mma_v1(fmt, w[i].codes, w[i].scales, 1.0f, K, w[i].N, K, dq, dd, M, w[i].y, N, 0));
+          CK(gemm_q8_mma_v1(wf, w[i].codes, w[i].scales, 1.0f, K, w[i].N, K, dq, dd, M, w[i].y, N, 0));
       };
       auto gemv = [&] {
         for (int m0 = 0; m0 < M; m0 += 8) {
@@ -133,9 +136,9 @@ int main(int argc, char** argv) {
           const int8_t* qq = dq + size_t(m0) * K;
           const float* dm = dd + size_t(m0) * nb;
           float* yy = y1 + size_t(m0) * N;
-          if (fmt == 0)
+          if (nv)
             CK(gemv_nvfp4_dp4a(dc, ds, 1.0f, N, K, qq, dm, R, yy, N, 0));
-          else if (fmt == 1)
+          else if (wf == 1)
             CK(gemv_w4a8(dc, reinterpret_cast<uint16_t*>(ds), K, N, K, qq, dm, dsa + size_t(m0) * nb, R, yy, N, 0));
           else
             CK(gemv_w8a8(reinterpret_cast<int8_t*>(dc), reinterpret_cast<uint16_t*>(ds), N, K, qq, dm, R, yy, N, 0));
@@ -161,7 +164,7 @@ int main(int argc, char** argv) {
         fails += !ok;
         return rel;
       };
-      const char* fname = fmt == 0 ? "nvfp4" : fmt == 1 ? "w4a8" : "w8a8";
+      const char* fname = fnames[fmt];
       const double ops = 2.0 * M * N * K;
       double rel = 0;
       for (int cfg = 0; cfg < 5; ++cfg) {  // every configuration validated
@@ -174,7 +177,7 @@ int main(int argc, char** argv) {
       check("v1");
       const float tn = time_us([&] { gemm(-1); }), to = time_us(v1);
       const float tv = chunks ? time_us(gemv) : 0.0f;
-      std::printf("%-6s %-8s K=%5d N=%6d M=%d: mma %9.1f us %6.1f TOPS | v1 %9.1f us %6.1f TOPS | %5.2fx", fname,
+      std::printf("%-9s %-8s K=%5d N=%6d M=%d: mma %9.1f us %6.1f TOPS | v1 %9.1f us %6.1f TOPS | %5.2fx", fname,
                   s.name, K, N, M, tn, ops / tn * 1e-6, to, ops / to * 1e-6, to / tn);
       if (chunks) std::printf(" | gemv-chunks %9.1f us (%5.2fx)", tv, tv / tn);
       std::printf(" | rel diff %.2e\n", rel);
@@ -190,8 +193,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       cudaFree(dc), cudaFree(ds), cudaFree(dq), cudaFree(dd), cudaFree(dsa), cudaFree(y0), cudaFree(y1);
     }
-    std::printf("%s one layer's GEMMs at M=%d: %.1f us (v1 %.1f us, %.2fx)\n", fmt == 0 ? "nvfp4" : fmt == 1 ? "w4a8" : "w8a8",
-                M, sum_new[fmt], sum_v1[fmt], sum_v1[fmt] / std::max(sum_new[fmt], 1e-9));
+    std::printf("%s one layer's GEMMs at M=%d: %.1f us (v1 %.1f us, %.2fx)\n", fnames[fmt], M, sum_new[fmt],
+                sum_v1[fmt], sum_v1[fmt] / std::max(sum_new[fmt], 1e-9));
   }
   std::printf("%d failed\n", fails);
   return fails ? 1 : 0;
