@@ -1,5 +1,5 @@
 // check_fragments_host — a host-only (no GPU) check of gemm_mma.cu's register tricks, written
-// while the device was withdrawn (session 5): the signed-byte lookups e2m1_s8 / w4_s8 over all
+// while the device was withdrawn (session 5): the signed-byte lookups e2m1_s8 / w4_s8 (gemm_mma_impl.cuh) over all
 // 65536 inputs, and the NVFP4-on-f16-mma path (kernel format 3): ldmatrix / mma.m16n8k16.f16
 // fragment layouts as the PTX ISA gives them, the int8 -> f16 conversion, e2m1 * e4m3 in f16,
 // against the direct sum over one 16 x 8 x 32 tile. The helpers are copies (prmt emulated in
