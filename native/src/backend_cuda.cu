@@ -10,7 +10,8 @@
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
 // its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
-// instead of the tensor-core GEMM (all for A/B measurements).
+// instead of the tensor-core GEMM (all for A/B measurements); KVDECK_CUDA_MMA=v1 (the session-3 GEMM
+// kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the f16 mma, opt-in) are read by gemm_mma.cu at every launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>

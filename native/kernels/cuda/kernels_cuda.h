@@ -145,7 +145,8 @@ cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp,
 // int32 per weight block, scaled in f32 as the GEMVs above (d_a, weight scales, tscale for
 // NVFP4): the same results to f32 summation order. W4A8 minimums are not included (add
 // w4a8_mins_add). y: f32 [M, N], row stride ldy. Needs Kp % 32 == 0, W4A8 group a multiple
-// of 32 dividing Kp, codes and xq 16-byte aligned; otherwise cudaErrorInvalidValue.
+// of 32 dividing Kp, codes and xq 16-byte aligned, scales 2-byte aligned; otherwise
+// cudaErrorInvalidValue.
 cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
                         const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
 // Up to 4 weights of one format sharing Kp (and group) over the same activations in one launch
