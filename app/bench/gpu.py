@@ -13,7 +13,9 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
   * The seed-000 task (app/bench/gpu_seed.py): TTFT per call with the prefix cache on and off,
     on the CUDA and the CPU backend (--no-seed skips it).
   * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
-    batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu).
+    batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu); the 8B model also with
+    KVDECK_CUDA_MMA=v1 (the session-3 GEMM kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the
+    f16 mma, opt-in), interleaved with the default, and its ratio to llama.cpp's pp512.
   * --kernels: native/kernels/cuda/bench/run_bench.py (GEMV vs torch FP16 on the 8B shapes,
     decode attention at 4K / 16K / 32K), its summary folded in.
 Each figure is the median of --reps timed repetitions after a warm-up. Device copy bandwidth:
@@ -111,6 +113,36 @@ def prefill_tps(eng, n: int, reps: int) -> float:
     return n / statistics.median(times)
 
 
+PREFILL_ARMS = {"new": {}, "v1": {"KVDECK_CUDA_MMA": "v1"}, "f16": {"KVDECK_CUDA_GEMM_NVFP4": "f16"}}
+
+
+def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
+    """Prefill tok/s (n tokens) per GEMM arm, interleaved rep by rep on the same engine (both
+    switches are read at every launch): "new" the default tensor-core GEMM, "v1" the session-3
+    kernel (KVDECK_CUDA_MMA=v1), "f16" NVFP4 on the f16 mma (KVDECK_CUDA_GEMM_NVFP4=f16, opt-in;
+    its results are validated by bench_gemm_mma, not here). Medians."""
+    ids = _ids(n, 2)
+    times: dict[str, list[float]] = {arm: [] for arm in PREFILL_ARMS}
+    for r in range(reps + 1):
+        for arm, env in PREFILL_ARMS.items():
+            os.environ.update(env)
+            try:
+                s = eng.open_sequence(0)
+                t0 = time.perf_counter()
+                eng.forward_greedy(s, ids, None)
+                dt = time.perf_counter() - t0
+                eng.close_sequence(s)
+            finally:
+                for k in env:
+                    os.environ.pop(k, None)
+            if r:
+                times[arm].append(dt)  # the first of each is a warm-up
+    return {arm: n / statistics.median(t) for arm, t in times.items()}
+
+
+LLAMA_CPP_PP512_8B = 10634  # tok/s, llama-bench pp512 fa on, Q4_0, same H200 (/work/shared/tools/llamacpp-peer)
+
+
 def prefill_gemv_chunks(model: str, reps: int, **kw) -> float:
     """Prefill tok/s (512) with M > 8 matmuls as batch-8 GEMV chunks: the A/B of the tensor-core GEMM."""
     os.environ["KVDECK_CUDA_MMA"] = "0"
@@ -176,7 +208,9 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
             floor = (wb + ctx * eng.kv_bytes_per_token) / (gbs * 1e9) * 1e6
             r[f"roofline_us_{ctx}"] = floor
             r[f"roofline_fraction_{ctx}"] = floor / us
-    r["prefill_tps_512"] = prefill_tps(eng, 512, max(1, reps // 2))
+    ab = prefill_ab(eng, 512, max(2, reps // 2))
+    r["prefill_tps_512"], r["prefill_tps_512_mma_v1"], r["prefill_tps_512_nvfp4_f16"] = ab["new"], ab["v1"], ab["f16"]
+    r["prefill_vs_llama_cpp"] = r["prefill_tps_512"] / LLAMA_CPP_PP512_8B
     del eng
     os.environ["KVDECK_CUDA_FUSE"] = "1"  # A/B: the GEMV epilogues (opt-in)
     eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", max_context=8192,
@@ -194,8 +228,11 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
               f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
     print(f"  llama3-8b decode with the GEMV epilogues (KVDECK_CUDA_FUSE=1): {r['decode_us_16_fused']:8.1f} "
           f"µs/token @16", flush=True)
-    print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512); with batch-8 GEMV chunks "
-          f"(KVDECK_CUDA_MMA=0) {r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
+    print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512) = {r['prefill_vs_llama_cpp']:.2f}x llama.cpp "
+          f"({LLAMA_CPP_PP512_8B} pp512, fa on); session-3 GEMM (KVDECK_CUDA_MMA=v1, interleaved) "
+          f"{r['prefill_tps_512_mma_v1']:8.0f}; NVFP4 on the f16 mma (KVDECK_CUDA_GEMM_NVFP4=f16, opt-in) "
+          f"{r['prefill_tps_512_nvfp4_f16']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "
+          f"{r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
 
 
 def kernels(out: dict) -> None:

@@ -10,7 +10,8 @@
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
 // its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
-// instead of the tensor-core GEMM (all for A/B measurements).
+// instead of the tensor-core GEMM (all for A/B measurements); KVDECK_CUDA_MMA=v1 (the session-3 GEMM
+// kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the f16 mma, opt-in) are read by gemm_mma.cu at every launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -187,9 +188,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
   }
   // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
+  // M > 8, one integer format sharing Kp and group (q/k/v, gate/up): one tensor-core GEMM launch.
   void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
     flush();
     const WeightView& w0 = *outs[0].w;
+    if (M > 8 && mma_ && xq.valid && n <= 4 && is_integer(w0.dtype) && gemm_many(outs, n, xq, M)) return;
     bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
     for (int i = 0; one && i < n; ++i) {
       const WeightView& w = *outs[i].w;
@@ -329,6 +332,25 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                                              sample_bytes_, out, st_);
     if (e == cudaErrorInvalidValue) bad("sample: draw u = " + std::to_string(u) + " outside [0, 1) or n = " + std::to_string(n));
     check(e, "sample");
+  }
+
+  // The M > 8 grouped GEMM of matmul_many; false: a shape it refuses (the per-weight path).
+  bool gemm_many(const MatmulOut* outs, int n, const QuantScratch& xq, int M) {
+    const WeightView& w0 = *outs[0].w;
+    cuda::GemmQ8Weight g[4];
+    for (int i = 0; i < n; ++i) {
+      const WeightView& w = *outs[i].w;
+      if (w.dtype != w0.dtype || w.Kp != w0.Kp || w.group != w0.group || w.mins) return false;
+      g[i] = {static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.N, outs[i].y, outs[i].ldy};
+    }
+    const int fmt = w0.dtype == DType::NVFP4 ? 0 : w0.dtype == DType::W4A8 ? 1 : 2;
+    const cudaError_t e = cuda::gemm_q8_mma_many(fmt, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, M, st_);
+    if (e == cudaErrorInvalidValue) {
+      cudaGetLastError();
+      return false;
+    }
+    check(e, "matmul_many (tensor cores)");
+    return true;
   }
 
   // ---- batch-1 GEMVs held for an epilogue (backend_cuda_state.h Gemv) ----

@@ -145,11 +145,30 @@ cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp,
 // int32 per weight block, scaled in f32 as the GEMVs above (d_a, weight scales, tscale for
 // NVFP4): the same results to f32 summation order. W4A8 minimums are not included (add
 // w4a8_mins_add). y: f32 [M, N], row stride ldy. Needs Kp % 32 == 0, W4A8 group a multiple
-// of 32 dividing Kp, codes and xq 16-byte aligned; otherwise cudaErrorInvalidValue.
+// of 32 dividing Kp, codes and xq 16-byte aligned, scales 2-byte aligned; otherwise
+// cudaErrorInvalidValue.
 cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
                         const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
+// Up to 4 weights of one format sharing Kp (and group) over the same activations in one launch
+// (q/k/v, gate/up): weight i writes y_i [M, N_i], row stride ldy_i.
+struct GemmQ8Weight {
+  const uint8_t* codes;
+  const void* scales;
+  float tscale;
+  int N;
+  float* y;
+  int ldy;
+};
+cudaError_t gemm_q8_mma_many(int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
+                             const float* xd, int M, cudaStream_t stream);
 
 namespace detail {
+// gemm_q8_mma_many with a chosen tile shape (0: 128 x 128, 1: 64 x 128, 2: 128 x 64, 3: 32 x 128
+// tokens x outputs, two blocks per SM; 4: 128 x 128, one block per SM; -1 picks by shape as the
+// engine does) and kernel format (0 NVFP4 on the int8 mma, 1 W4A8, 2 W8A8, 3 NVFP4 on the f16
+// mma). For bench_gemm_mma's sweep only.
+cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
+                               const float* xd, int M, cudaStream_t stream);
 // Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per
 // warp, U chunks per lane per step; pipelined: the next step's weights are loaded before this
 // step is computed. fmt 0 = NVFP4 dp4a, 1 = W4A8, 2 = NVFP4 with the two-lookup (positive /

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [kernels] [real] [seed] [cpu]
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [kernels] [real] [seed] [cpu]
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
@@ -27,9 +27,9 @@ for step in "$@"; do
   case $step in
     gemm)  # the prefill GEMM against the GEMV chunks it replaced, 8B shapes at M = 512 and 64
       nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
-        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu \
+        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu native/kernels/cuda/gemm_mma_v1.cu \
         native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma 2>&1 | tail -20
-      for m in 512 64; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
+      for m in "512 sweep" 64 100; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
     fused)
       o=build/dev/CMakeFiles/kvdeck_cuda.dir/native/kernels/cuda
       nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
@@ -52,6 +52,10 @@ for step in "$@"; do
       # A/B: the same step with the GEMV epilogues (opt-in)
       KVDECK_CUDA_FUSE=1 PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py smollm2-135m 2>&1 \
         | grep -v Warning | sed 's/^/[FUSE=1] /' | tee -a "$out/profile.log" ;;
+    prefill)  # where a 512-token prefill's time goes (profile_prefill.py), 8B shape (8 layers) and SmolLM2, GEMM vs v1
+      for m in "llama3-8b" "smollm2-135m"; do
+        PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_prefill.py $m ab 2>&1 | grep -v -i warn | tee -a "$out/prefill.log"
+      done ;;
     real)
       if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
