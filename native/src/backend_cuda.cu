@@ -10,7 +10,10 @@
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
 // its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
-// instead of the tensor-core GEMM (all for A/B measurements).
+// instead of the tensor-core GEMM; KVDECK_CUDA_OQ8=0 quantises a short batch-1 row (the o
+// projection's input) in a kernel of its own instead of inside its GEMV; KVDECK_CUDA_L2PF=0 and
+// KVDECK_CUDA_EARLY=0 (read by the kernels) turn off the GEMVs' L2 prefetch and the small
+// kernels' early PDL trigger (all for A/B measurements).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -96,6 +99,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     p_norm_ = {const_cast<float*>(x), add, w, M, n, eps, y};
   }
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
+    if (q.act.q == seg_from_) seg_from_ = nullptr;  // rewritten: it holds its own q8 again
     q.act.M = M;
     q.act.Kp = round_up(K, kQ8Block);
     const int Kp = q.act.Kp;
@@ -115,7 +119,22 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       const bool apart = q.act.q + Kp <= p_mv_.xq || p_mv_.xq + p_mv_.Kp <= q.act.q;  // out q8 vs GEMV's input
-      if (p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // gate/up + silu + q8
+      if (M == 1 && seg_held(p_mv_) && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && seg_buffer(Kp)) {
+        cuda::GemvEpilogue e;  // gate/up + silu + q8, a block per 32 outputs; q8 to seg_q8_
+        e.kind = cuda::GemvEpilogue::kSiluQ8, e.h = u.y, e.n = K, e.Kp = Kp;
+        e.q = seg_q8_.q, e.d = seg_q8_.d, e.s = seg_q8_.s;
+        const Gemv g = p_mv_;
+        const cudaError_t r = cuda::gemv_seg_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, e, st_, pdl_);
+        if (r == cudaSuccess) {
+          p_mv_ = {};
+          seg_from_ = q.act.q;  // the down projection reads its q8 from seg_q8_
+          q.valid = true;
+          return;
+        }
+        if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
+        cudaGetLastError();
+      }
+      if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // gate/up + silu + q8
         cuda::GemvEpilogue e;
         e.kind = cuda::GemvEpilogue::kSiluQ8, e.counter = counter_;
         e.h = u.y, e.n = K, e.Kp = Kp, e.q = q.act.q, e.d = q.act.d, e.s = q.act.s;
@@ -126,14 +145,41 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       }
     } else {
       flush();
-      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+      if (oq8_ && M == 1 && Kp <= cuda::kFusedSmallKp)
+        p_q8_ = {x, K, Kp, q.act.q, q.act.d, q.act.s};  // the GEMV reading it quantises (matmul)
+      else
+        check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
     }
     q.valid = true;
   }
   // M > 8 (prefill): NVFP4 / W4A8 / W8A8 on the tensor cores (gemm_mma.cu, the same integer
   // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
   // over row chunks of 8, each chunk re-reading the weights.
-  void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
+  // The engine's scratch as the kernels must read it (seg_from_: its q8 is in seg_q8_).
+  const QuantScratch& seg_view(const QuantScratch& xq, QuantScratch& tmp) {
+    if (!seg_from_ || xq.act.q != seg_from_) return xq;
+    tmp = xq;
+    tmp.act.q = seg_q8_.q, tmp.act.d = seg_q8_.d, tmp.act.s = seg_q8_.s;
+    return tmp;
+  }
+  void matmul(const WeightView& w, const float* x, const QuantScratch& xq_in, int M, float* y, int ldy) override {
+    QuantScratch tmp;
+    const QuantScratch& xq = seg_view(xq_in, tmp);
+    if (p_q8_.x && M == 1 && x == p_q8_.x && xq.act.q == p_q8_.q && w.Kp == p_q8_.Kp && !w.mins &&
+        (w.dtype == DType::NVFP4 || w.dtype == DType::W4A8)) {  // quantise + GEMV, one launch
+      const Q8 z = p_q8_;
+      p_q8_ = {};
+      const auto* codes = static_cast<const uint8_t*>(w.data);
+      const cudaError_t e =
+          w.dtype == DType::NVFP4
+              ? cuda::gemv_nvfp4_q8fused(codes, static_cast<const uint8_t*>(w.scales), w.tscale, w.N, z.K, z.Kp, x, y,
+                                         st_, pdl_, z.q, z.d, z.s)
+              : cuda::gemv_w4a8_q8fused(codes, static_cast<const uint16_t*>(w.scales), w.group, w.N, z.K, z.Kp, x, y,
+                                        st_, pdl_, z.q, z.d, z.s);
+      if (e != cudaErrorInvalidValue) return check(e, "matmul (quantise + batch 1)");
+      cudaGetLastError();
+      p_q8_ = z;  // a shape it refuses: the two kernels (flush below)
+    }
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
@@ -187,8 +233,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
   }
   // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
-  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
+  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq_in, int M) override {
     flush();
+    QuantScratch tmp;
+    const QuantScratch& xq = seg_view(xq_in, tmp);
     const WeightView& w0 = *outs[0].w;
     bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
     for (int i = 0; one && i < n; ++i) {
@@ -228,7 +276,25 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
       const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
       p_rope_.clear();
-      if (M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
+      if (M == 1 && qi >= 0 && seg_held(p_mv_) && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M &&
+          p_mv_.w[0].y == qr.x && p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D &&
+          ld == pool.n_kv() * D) {
+        cuda::GemvEpilogue e;  // q/k/v + rope + KV write (+ ctx), a block per head
+        e.kind = cuda::GemvEpilogue::kRopeKv;
+        e.nh = qr.nh, e.nkv = pool.n_kv(), e.D = D, e.kv_format = int(pool.dtype()), e.pos = kr.pos, e.inv_freq = kr.inv;
+        e.k_pages = pool.k(layer), e.v_pages = pool.v(layer), e.slots = slots, e.ctx = ctx_;
+        const Gemv g = p_mv_;
+        const cudaError_t r = cuda::gemv_seg_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, e, st_, pdl_);
+        if (r == cudaSuccess) {
+          p_mv_ = {};
+          ctx_fresh_ = kr.pos;
+          unroped_k_ = kr;  // as rope_kv_write, k is left unrotated in its buffer
+          return;
+        }
+        if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
+        cudaGetLastError();
+      }
+      if (fuse_ && M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
           p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D && ld == pool.n_kv() * D) {
         cuda::GemvEpilogue e;  // q/k/v GEMV + rope + KV write (+ ctx)
         e.kind = cuda::GemvEpilogue::kRopeKv, e.counter = counter_;
@@ -346,7 +412,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                 outs[i].y};
     g.xq = xq.act.q, g.xd = xq.act.d, g.xs = xq.act.s;
     p_mv_ = g;
-    if (!fuse_) launch_gemv(nullptr);  // at once, as before the epilogues (A/B: KVDECK_CUDA_FUSE=0)
+    if (!fuse_ && !seg_held(g)) launch_gemv(nullptr);  // at once: nothing fuses with it
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------

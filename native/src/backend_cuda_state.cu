@@ -28,6 +28,7 @@ CudaState::CudaState() {
   cudaDeviceProp p{};
   check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
   sms_ = p.multiProcessorCount;
+  cuda::reload_switches();  // KVDECK_CUDA_L2PF / _EARLY as set now (A/B per engine)
   check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
   check(cudaMalloc(&counter_, cuda::kGemvEpiCounters * sizeof(int32_t)), "cudaMalloc");
@@ -46,6 +47,7 @@ CudaState::~CudaState() {
   for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
   cudaStreamSynchronize(st_);
   if (ws_) cudaFree(ws_);
+  cudaFree(seg_q8_.q), cudaFree(seg_q8_.d), cudaFree(seg_q8_.s);
   cudaFree(ctx_);
   cudaFree(counter_);
   cudaFree(part_);
@@ -63,6 +65,11 @@ void CudaState::launch_gemv(const cuda::GemvEpilogue* epi) {
 }
 
 void CudaState::flush() {
+  if (p_q8_.x) {
+    const Q8 z = p_q8_;
+    p_q8_ = {};
+    check(cuda::quantize_act_q8(z.x, 1, z.K, z.Kp, z.q, z.d, z.s, st_, pdl_), "quantize_input");
+  }
   if (p_mv_.n) launch_gemv(nullptr);
   if (p_add_.n) {
     const Add a = p_add_;
@@ -84,6 +91,19 @@ void CudaState::flush() {
     p_rope_.clear();
     for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
   }
+}
+
+bool CudaState::seg_buffer(int Kp) {
+  if (seg_q8_.q && seg_q8_.Kp >= Kp) return true;
+  if (capturing_) return false;
+  check(cudaStreamSynchronize(st_), "stream");
+  cudaFree(seg_q8_.q), cudaFree(seg_q8_.d), cudaFree(seg_q8_.s);
+  seg_q8_ = {};
+  check(cudaMalloc(&seg_q8_.q, Kp), "cudaMalloc");
+  check(cudaMalloc(&seg_q8_.d, Kp / 32 * sizeof(float)), "cudaMalloc");
+  check(cudaMalloc(&seg_q8_.s, Kp / 32 * sizeof(int32_t)), "cudaMalloc");
+  seg_q8_.M = 1, seg_q8_.Kp = Kp;
+  return true;
 }
 
 float* CudaState::workspace(size_t floats) {
@@ -176,7 +196,8 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_mv_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  p_q8_ = {}, p_mv_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  seg_from_ = nullptr;
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

@@ -143,6 +143,12 @@ def test_argmax_first_maximum(gpu):
     assert gpu.argmax(x) == int(np.argmax(x))
     x[[7, 40000]] = 1e9  # ties: the first index, as numpy
     assert gpu.argmax(x) == 7
+    y = RNG.standard_normal(128257).astype(np.float32)  # the 8B's vocabulary + 1: a scalar tail
+    y[[5, 77]] = np.nan  # NaN never wins
+    y[-1] = 1e9
+    assert gpu.argmax(y) == 128256
+    y[-1], y[64128] = 0.0, 1e9  # in the float4 part, past the first 8 loads of a thread
+    assert gpu.argmax(y) == 64128
 
 
 # ---- whole model ----------------------------------------------------------------------------

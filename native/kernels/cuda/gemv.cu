@@ -7,7 +7,9 @@
 // once. The chunk's activations (M rows x 32 int8 / f16) are loaded once for the R rows
 // (L1-resident). Warp shuffles reduce; no shared memory, no barriers. Memory-bound by
 // design: the weight bytes are the cost.
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.cuh"
 #include "fused_impl.cuh"
@@ -123,6 +125,12 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
 
 template <Fmt F, int M, int R, int U, bool PF>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a) {
+  if (PF && a.pf_wave && threadIdx.x == 0) {  // before the PDL wait: weights only (GemvArgs pf_*)
+    const int b = blockIdx.x, rows = kGemvWarps * R;
+    prefetch_rows<F>(a, b * rows, rows);
+    if (b < a.pf_wave)
+      for (int j = 1; j <= a.pf_ahead; ++j) prefetch_rows<F>(a, (b + j * a.pf_wave) * rows, rows);
+  }
   gemv_warp<F, M, R, U, PF>(a, (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R);
 }
 
@@ -199,16 +207,68 @@ __device__ __forceinline__ void gemv_epilogue(const GemvMany& g, const GemvEpilo
 
 template <Fmt F, int M, int R, int U, bool PF, int K>
 __global__ void __launch_bounds__(kGemvWarps * 32, 10) gemv_many_kernel(const GemvMany g, const GemvEpilogue e) {
-  int i = 0;
-  while (i + 1 < g.n && int(blockIdx.x) >= g.first[i + 1]) ++i;
+  auto owner = [&](int b) {
+    int w = 0;
+    while (w + 1 < g.n && b >= g.first[w + 1]) ++w;
+    return w;
+  };
+  const int i = owner(blockIdx.x);
   const int r0 = (int(blockIdx.x) - g.first[i]) * kGemvWarps * R;
+  if (PF && g.a[0].pf_wave && threadIdx.x == 0) {  // as gemv_kernel, over the weights' block ranges
+    const int b = blockIdx.x, wave = g.a[0].pf_wave;
+    prefetch_rows<F>(g.a[i], r0, kGemvWarps * R);
+    for (int j = 1; b < wave && j <= g.a[0].pf_ahead && b + j * wave < g.first[g.n]; ++j) {
+      const int bj = b + j * wave, wj = owner(bj);
+      prefetch_rows<F>(g.a[wj], (bj - g.first[wj]) * kGemvWarps * R, kGemvWarps * R);
+    }
+  }
   gemv_warp<F, M, R, U, PF>(g.a[i], r0 + threadIdx.x / 32 * R);
   if constexpr (K != GemvEpilogue::kNone) gemv_epilogue<K>(g, e, i, r0);
 }
 
+// The L2 prefetch plan of a batch-1 launch of `blocks` blocks of kernel k (GemvArgs pf_*):
+// wave = blocks resident at once (occupancy x SMs); ahead = waves past the first whose rows
+// the first wave prefetches, within KVDECK_CUDA_L2PF_MB (default 16) MB. KVDECK_CUDA_L2PF=0:
+// no prefetch (the A/B switch).
+// The kernel-level A/B switches (kernels_cuda.h reload_switches): read at the first launch
+// and whenever a backend is created, so each engine of one process can run either way.
+int g_l2_mb = -2;  // -2: not read yet; -1: off
+bool g_early = true;
+
+int l2_budget_mb() {
+  if (g_l2_mb == -2) reload_switches();
+  return g_l2_mb;
+}
+
+template <auto Kern>
+void l2_plan(int blocks, size_t row_bytes, int& wave, int& ahead) {
+  static const int per_wave = [] {  // per kernel: its occupancy
+    int dev = 0, sms = 0, per = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, Kern, kGemvWarps * 32, 0))
+      return 0;
+    return per * sms;
+  }();
+  const int mb = l2_budget_mb();
+  wave = mb < 0 ? 0 : per_wave, ahead = 0;
+  if (!wave || blocks <= wave) return;
+  const size_t wave_bytes = size_t(wave) * kGemvWarps * row_bytes;
+  ahead = int(std::min<size_t>(size_t(mb) * (1u << 20) / wave_bytes, size_t((blocks - 1) / wave)));
+}
+
 template <Fmt F>
-cudaError_t launch_many(const GemvMany& g, const GemvEpilogue& e, cudaStream_t st, bool pdl) {
+size_t row_bytes(const GemvArgs& a) {
+  return size_t(a.Kp) / 2 + (F == Fmt::W4a8 ? size_t(a.Kp / a.group) * 2 : size_t(a.Kp) / 16);
+}
+
+template <Fmt F>
+cudaError_t launch_many(GemvMany g, const GemvEpilogue& e, cudaStream_t st, bool pdl) {
   const dim3 grid(g.first[g.n]), block(kGemvWarps * 32);
+  if (e.kind == GemvEpilogue::kNone) {
+    int wave = 0, ahead = 0;
+    l2_plan<gemv_many_kernel<F, 1, 1, 2, true, 0>>(g.first[g.n], row_bytes<F>(g.a[0]), wave, ahead);
+    for (int i = 0; i < g.n; ++i) g.a[i].pf_wave = wave, g.a[i].pf_ahead = ahead;
+  }
   switch (e.kind) {
     case GemvEpilogue::kNone: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true, 0>, grid, block, st, pdl, g, e);
     case GemvEpilogue::kAddNormQ8: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true, 1>, grid, block, st, pdl, g, e);
@@ -223,11 +283,11 @@ cudaError_t launch_many(const GemvMany& g, const GemvEpilogue& e, cudaStream_t s
 // =====================================================================================
 
 template <Fmt F, int M, int R, int U, bool PF = false>
-cudaError_t launch(const GemvArgs& a, cudaStream_t st, bool pdl = false) {
+cudaError_t launch(GemvArgs a, cudaStream_t st, bool pdl = false) {
   static_assert(R * M <= 32, "one lane stores each output");
-  const int warps = (a.N + R - 1) / R;
-  return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3((warps + kGemvWarps - 1) / kGemvWarps),
-                       dim3(kGemvWarps * 32), st, pdl, a);
+  const int warps = (a.N + R - 1) / R, blocks = (warps + kGemvWarps - 1) / kGemvWarps;
+  if (PF && M == 1) l2_plan<gemv_kernel<F, M, R, U, PF>>(blocks, R * row_bytes<F>(a), a.pf_wave, a.pf_ahead);
+  return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3(blocks), dim3(kGemvWarps * 32), st, pdl, a);
 }
 
 // The default configuration per batch size (measured on the H200: gemv_tune in gpu_bench).
@@ -255,7 +315,20 @@ bool shape_ok(int N, int Kp, int M, int ldy) {
 // Launchers
 // =====================================================================================
 
+void reload_switches() {
+  const char* on = std::getenv("KVDECK_CUDA_L2PF");
+  const char* mb = std::getenv("KVDECK_CUDA_L2PF_MB");
+  g_l2_mb = on && on[0] == '0' ? -1 : mb && *mb ? std::max(0, std::atoi(mb)) : 16;
+  const char* e = std::getenv("KVDECK_CUDA_EARLY");
+  g_early = !(e && e[0] == '0');
+}
+
 namespace detail {
+bool early_trigger() {
+  if (g_l2_mb == -2) reload_switches();
+  return g_early;
+}
+
 bool pdl_supported() {
   static int v = -1;  // per process: the device current at the first call
   if (v < 0) {
