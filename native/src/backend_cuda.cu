@@ -10,10 +10,10 @@
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
 // its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
-// instead of the tensor-core GEMM; KVDECK_CUDA_OQ8=0 quantises a short batch-1 row (the o
-// projection's input) in a kernel of its own instead of inside its GEMV; KVDECK_CUDA_L2PF=0 and
-// KVDECK_CUDA_EARLY=0 (read by the kernels) turn off the GEMVs' L2 prefetch and the small
-// kernels' early PDL trigger (all for A/B measurements).
+// instead of the tensor-core GEMM; KVDECK_CUDA_OQ8=1 quantises a short batch-1 row (the o
+// projection's input) inside its GEMV instead of in a kernel of its own; KVDECK_CUDA_SEG=1
+// runs short-row q/k/v + rope + KV and gate/up + silu as one kernel each (gemv_seg.cu); the
+// kernels' own switches: kernels_cuda.h reload_switches (all for A/B measurements).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -105,12 +105,12 @@ class CudaState {
   // GEMV epilogues (Gemv above): opt-in, measured slower on the H200 (kernels/cuda/NOTES.md)
   bool fuse_ = env_on("KVDECK_CUDA_FUSE", false);
   bool graph_info_ = env_on("KVDECK_CUDA_GRAPH_INFO", false);  // print each captured graph's nodes
-  bool oq8_ = env_on("KVDECK_CUDA_OQ8", true);  // Q8 above (A/B: KVDECK_CUDA_OQ8=0)
+  bool oq8_ = env_on("KVDECK_CUDA_OQ8", false);  // Q8 above (opt-in: KVDECK_CUDA_OQ8=1)
   // Short-row batch-1 q/k/v + rope + KV write and gate/up + silu + q8 as one launch each
-  // (gemv_seg_m1; A/B: KVDECK_CUDA_SEG=0). The silu's q8 goes to seg_q8_ (the GEMV's input,
+  // (gemv_seg_m1; opt-in: KVDECK_CUDA_SEG=1). The silu's q8 goes to seg_q8_ (the GEMV's input,
   // the engine's scratch, is still being read by other blocks) and the next matmul reading the
   // engine's scratch reads it from there (seg_from_).
-  bool seg_ = env_on("KVDECK_CUDA_SEG", true);
+  bool seg_ = env_on("KVDECK_CUDA_SEG", false);
   bool seg_held(const Gemv& g) const { return seg_ && !fuse_ && (g.n == 2 || g.n == 3) && g.Kp <= cuda::kSegMaxKp; }
   ActQ8 seg_q8_;              // device: [1, seg_q8_.Kp]
   const int8_t* seg_from_ = nullptr;

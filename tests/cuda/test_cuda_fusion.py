@@ -1,11 +1,12 @@
 """The CUDA backend's decode-step launch reduction (on a GPU): segment-owning GEMVs, the o
 projection's quantisation inside its GEMV, the GEMV epilogues and PDL.
 
-Default path (kernels/cuda/gemv_seg.cu, gemv_fused.cu): for short rows (SmolLM2's 576) a block
-of the q/k/v GEMV owns a head and runs RoPE + KV write itself, a block of the gate/up GEMV owns
-32 outputs and runs silu + q8, and the o projection's GEMV quantises its input: 8 kernels a
-layer instead of 11, with logits bit-identical to the separate kernels (KVDECK_CUDA_SEG=0
-KVDECK_CUDA_OQ8=0), checked here on 30 layers for three weight / KV combinations.
+Segment GEMVs (opt-in KVDECK_CUDA_SEG=1 KVDECK_CUDA_OQ8=1; kernels/cuda/gemv_seg.cu,
+gemv_fused.cu; measured slower on the H200, kernels/cuda/NOTES.md): for short rows (SmolLM2's
+576) a block of the q/k/v GEMV owns a head and runs RoPE + KV write itself, a block of the
+gate/up GEMV owns 32 outputs and runs silu + q8, and the o projection's GEMV quantises its
+input: 8 kernels a layer instead of 11, with logits bit-identical to the separate kernels,
+checked here on 30 layers for three weight / KV combinations.
 
 With KVDECK_CUDA_FUSE=1 (opt-in: fewer kernels but slower on the H200, kernels/cuda/NOTES.md)
 a batch-1 NVFP4 / W4A8 GEMV runs the op consuming its outputs by segments in its own blocks
@@ -59,7 +60,7 @@ def tensors():
 
 
 def _build(tensors, weights: str, kv: str, monkeypatch, fuse: bool, layers: int = LAYERS, separate: bool = False):
-    """separate: KVDECK_CUDA_SEG=0 KVDECK_CUDA_OQ8=0, one kernel per op as before the segment GEMVs."""
+    """separate: KVDECK_CUDA_SEG=0 KVDECK_CUDA_OQ8=0 (one kernel per op), else both 1."""
     from app.bench import gpu_model
 
     env = {"KVDECK_CUDA_FUSE": "1" if fuse else "0", "KVDECK_CUDA_SEG": "0" if separate else "1",
@@ -106,12 +107,12 @@ def test_captured_step_kernels_and_pdl_edges(tensors, monkeypatch, capfd):
     monkeypatch.setenv("KVDECK_CUDA_GRAPH_INFO", "1")
     prompt = np.arange(1, 17, dtype=np.int32)
     counts = {}
-    for name, fuse, separate in (("default", False, False), ("epilogues", True, False), ("separate", False, True)):
+    for name, fuse, separate in (("segments", False, False), ("epilogues", True, False), ("separate", False, True)):
         capfd.readouterr()
         _decode(_build(tensors, "nvfp4", "f16", monkeypatch, fuse, separate=separate), prompt, 3)  # eager, capture, replay
         counts[name] = _graph_line(capfd)
-    (kd, ed, pd), (kf, ef, pf), (ks, _, _) = counts["default"], counts["epilogues"], counts["separate"]
-    print(f"\ncaptured decode step: {kd} kernels ({kd / LAYERS:.1f} a layer), {kf} with the epilogues, {ks} with "
-          f"one kernel per op; {pd} of {ed} edges programmatic")
+    (kd, ed, pd), (kf, ef, pf), (ks, es, ps) = counts["segments"], counts["epilogues"], counts["separate"]
+    print(f"\ncaptured decode step: {kd} kernels with the segment GEMVs ({kd / LAYERS:.1f} a layer), {kf} with the "
+          f"epilogues, {ks} with one kernel per op; {ps} of {es} edges programmatic")
     assert kd <= 8 * LAYERS + 5 and kf <= 8 * LAYERS + 5 and ks >= 10 * LAYERS
-    assert pd == ed and pf == ef, (pd, ed, pf, ef)
+    assert pd == ed and pf == ef and ps == es, (pd, ed, pf, ef, ps, es)

@@ -115,19 +115,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Asynchronous prefetch of [p, p + bytes) into L2 by the TMA unit (sm_90+; a no-op below):
-// one instruction for many KB, no registers held. p and bytes: multiples of 16.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
-                 : "memory");
-#endif
-}
-
-// The small fused kernels trigger their dependents before their own PDL wait (the next kernel
-// launches and loads its weights earlier; it still waits for this one's completion before
-// reading its outputs). KVDECK_CUDA_EARLY=0: after the wait (A/B; kernels_cuda.h reload_switches).
+// KVDECK_CUDA_EARLY=1 (A/B, off by default: measured slower on the 8B shape): the small fused
+// kernels trigger their dependents before their own PDL wait instead of after it (the next
+// kernel launches earlier; it still waits for this one's completion before reading its outputs).
 bool early_trigger();
 
 // Launch `kernel` with or without the programmatic-stream-serialization attribute (PDL is

@@ -73,7 +73,7 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
   const int lane = threadIdx.x & 31;
   if (n0 >= a.N) return;
   const int nc = a.Kp / 32;
-  pdl_launch_dependents();
+  if (!a.late) pdl_launch_dependents();
   auto load_all = [&](int c0, Chunk<F> (&w)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -110,6 +110,7 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
       load_all(c0 + 32 * U, wk);
     }
   }
+  if (a.late) pdl_launch_dependents();
   // nvfp4: 2*e2m1 codes (x0.5) and scales / 256 (x256) -> x128; f16 path: x256
   const float scale = F == Fmt::Nvfp4Dp4a || F == Fmt::Nvfp4PosNeg ? a.tscale * 128.0f
                       : F == Fmt::Nvfp4F16                         ? a.tscale * 256.0f
@@ -125,12 +126,6 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
 
 template <Fmt F, int M, int R, int U, bool PF>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a) {
-  if (PF && a.pf_wave && threadIdx.x == 0) {  // before the PDL wait: weights only (GemvArgs pf_*)
-    const int b = blockIdx.x, rows = kGemvWarps * R;
-    prefetch_rows<F>(a, b * rows, rows);
-    if (b < a.pf_wave)
-      for (int j = 1; j <= a.pf_ahead; ++j) prefetch_rows<F>(a, (b + j * a.pf_wave) * rows, rows);
-  }
   gemv_warp<F, M, R, U, PF>(a, (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R);
 }
 
@@ -207,68 +202,51 @@ __device__ __forceinline__ void gemv_epilogue(const GemvMany& g, const GemvEpilo
 
 template <Fmt F, int M, int R, int U, bool PF, int K>
 __global__ void __launch_bounds__(kGemvWarps * 32, 10) gemv_many_kernel(const GemvMany g, const GemvEpilogue e) {
-  auto owner = [&](int b) {
-    int w = 0;
-    while (w + 1 < g.n && b >= g.first[w + 1]) ++w;
-    return w;
-  };
-  const int i = owner(blockIdx.x);
+  int i = 0;
+  while (i + 1 < g.n && int(blockIdx.x) >= g.first[i + 1]) ++i;
   const int r0 = (int(blockIdx.x) - g.first[i]) * kGemvWarps * R;
-  if (PF && g.a[0].pf_wave && threadIdx.x == 0) {  // as gemv_kernel, over the weights' block ranges
-    const int b = blockIdx.x, wave = g.a[0].pf_wave;
-    prefetch_rows<F>(g.a[i], r0, kGemvWarps * R);
-    for (int j = 1; b < wave && j <= g.a[0].pf_ahead && b + j * wave < g.first[g.n]; ++j) {
-      const int bj = b + j * wave, wj = owner(bj);
-      prefetch_rows<F>(g.a[wj], (bj - g.first[wj]) * kGemvWarps * R, kGemvWarps * R);
-    }
-  }
   gemv_warp<F, M, R, U, PF>(g.a[i], r0 + threadIdx.x / 32 * R);
   if constexpr (K != GemvEpilogue::kNone) gemv_epilogue<K>(g, e, i, r0);
 }
 
-// The L2 prefetch plan of a batch-1 launch of `blocks` blocks of kernel k (GemvArgs pf_*):
-// wave = blocks resident at once (occupancy x SMs); ahead = waves past the first whose rows
-// the first wave prefetches, within KVDECK_CUDA_L2PF_MB (default 16) MB. KVDECK_CUDA_L2PF=0:
-// no prefetch (the A/B switch).
 // The kernel-level A/B switches (kernels_cuda.h reload_switches): read at the first launch
 // and whenever a backend is created, so each engine of one process can run either way.
-int g_l2_mb = -2;  // -2: not read yet; -1: off
-bool g_early = true;
+bool g_read = false, g_early = false, g_late = false, g_one_wave = true;
 
-int l2_budget_mb() {
-  if (g_l2_mb == -2) reload_switches();
-  return g_l2_mb;
+void read_switches() {
+  if (!g_read) reload_switches();
 }
 
+// Blocks of kernel Kern resident at once on this device (occupancy x SMs; 0 if unknown).
 template <auto Kern>
-void l2_plan(int blocks, size_t row_bytes, int& wave, int& ahead) {
-  static const int per_wave = [] {  // per kernel: its occupancy
+int wave_blocks() {
+  static const int per_wave = [] {
     int dev = 0, sms = 0, per = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, Kern, kGemvWarps * 32, 0))
       return 0;
     return per * sms;
   }();
-  const int mb = l2_budget_mb();
-  wave = mb < 0 ? 0 : per_wave, ahead = 0;
-  if (!wave || blocks <= wave) return;
-  const size_t wave_bytes = size_t(wave) * kGemvWarps * row_bytes;
-  ahead = int(std::min<size_t>(size_t(mb) * (1u << 20) / wave_bytes, size_t((blocks - 1) / wave)));
+  return per_wave;
 }
 
-template <Fmt F>
-size_t row_bytes(const GemvArgs& a) {
-  return size_t(a.Kp) / 2 + (F == Fmt::W4a8 ? size_t(a.Kp / a.group) * 2 : size_t(a.Kp) / 16);
+// Batch 1: one chunk in flight per lane (U = 1) where that grid fits in one wave of resident
+// blocks and the default U = 2 (more registers) would need a second, short one (the 8B's
+// q/k/v: 1,536 blocks, 1,320 resident at U = 2, 1,584 at U = 1). Same sums in the same order.
+template <auto K1, auto K2>
+bool use_u1(int blocks) {
+  read_switches();
+  return g_one_wave && blocks > wave_blocks<K2>() && blocks <= wave_blocks<K1>();
 }
 
 template <Fmt F>
 cudaError_t launch_many(GemvMany g, const GemvEpilogue& e, cudaStream_t st, bool pdl) {
   const dim3 grid(g.first[g.n]), block(kGemvWarps * 32);
-  if (e.kind == GemvEpilogue::kNone) {
-    int wave = 0, ahead = 0;
-    l2_plan<gemv_many_kernel<F, 1, 1, 2, true, 0>>(g.first[g.n], row_bytes<F>(g.a[0]), wave, ahead);
-    for (int i = 0; i < g.n; ++i) g.a[i].pf_wave = wave, g.a[i].pf_ahead = ahead;
-  }
+  read_switches();
+  for (int i = 0; i < g.n; ++i) g.a[i].late = g_late;
+  if (e.kind == GemvEpilogue::kNone &&
+      use_u1<gemv_many_kernel<F, 1, 1, 1, true, 0>, gemv_many_kernel<F, 1, 1, 2, true, 0>>(g.first[g.n]))
+    return launch_kernel(gemv_many_kernel<F, 1, 1, 1, true, 0>, grid, block, st, pdl, g, e);
   switch (e.kind) {
     case GemvEpilogue::kNone: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true, 0>, grid, block, st, pdl, g, e);
     case GemvEpilogue::kAddNormQ8: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true, 1>, grid, block, st, pdl, g, e);
@@ -286,15 +264,24 @@ template <Fmt F, int M, int R, int U, bool PF = false>
 cudaError_t launch(GemvArgs a, cudaStream_t st, bool pdl = false) {
   static_assert(R * M <= 32, "one lane stores each output");
   const int warps = (a.N + R - 1) / R, blocks = (warps + kGemvWarps - 1) / kGemvWarps;
-  if (PF && M == 1) l2_plan<gemv_kernel<F, M, R, U, PF>>(blocks, R * row_bytes<F>(a), a.pf_wave, a.pf_ahead);
+  read_switches();
+  a.late = g_late;
   return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3(blocks), dim3(kGemvWarps * 32), st, pdl, a);
+}
+
+// The batch-1 configuration: R = 1, U = 2, pipelined, or U = 1 where that fits one wave (use_u1).
+template <Fmt F>
+cudaError_t launch_m1(const GemvArgs& a, cudaStream_t st, bool pdl) {
+  if (use_u1<gemv_kernel<F, 1, 1, 1, true>, gemv_kernel<F, 1, 1, 2, true>>((a.N + kGemvWarps - 1) / kGemvWarps))
+    return launch<F, 1, 1, 1, true>(a, st, pdl);
+  return launch<F, 1, 1, 2, true>(a, st, pdl);
 }
 
 // The default configuration per batch size (measured on the H200: gemv_tune in gpu_bench).
 template <Fmt F>
 cudaError_t launch_default(const GemvArgs& a, int M, cudaStream_t st, bool pdl) {
   switch (M) {
-    case 1: return launch<F, 1, 1, 2, true>(a, st, pdl);
+    case 1: return launch_m1<F>(a, st, pdl);
     case 2: return launch<F, 2, 2, 2>(a, st, pdl);
     case 3: return launch<F, 3, 2, 2>(a, st, pdl);
     case 4: return launch<F, 4, 2, 2>(a, st, pdl);
@@ -316,16 +303,19 @@ bool shape_ok(int N, int Kp, int M, int ldy) {
 // =====================================================================================
 
 void reload_switches() {
-  const char* on = std::getenv("KVDECK_CUDA_L2PF");
-  const char* mb = std::getenv("KVDECK_CUDA_L2PF_MB");
-  g_l2_mb = on && on[0] == '0' ? -1 : mb && *mb ? std::max(0, std::atoi(mb)) : 16;
-  const char* e = std::getenv("KVDECK_CUDA_EARLY");
-  g_early = !(e && e[0] == '0');
+  auto on = [](const char* name, bool dflt) {
+    const char* e = std::getenv(name);
+    return e && *e ? e[0] != '0' : dflt;
+  };
+  g_early = on("KVDECK_CUDA_EARLY", false);
+  g_late = on("KVDECK_CUDA_GEMV_LATE", false);
+  g_one_wave = on("KVDECK_CUDA_ONEWAVE", true);
+  g_read = true;
 }
 
 namespace detail {
 bool early_trigger() {
-  if (g_l2_mb == -2) reload_switches();
+  read_switches();
   return g_early;
 }
 
@@ -362,7 +352,7 @@ cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float t
   const GemvArgs a{codes, scales, tscale, 16, N, Kp, xq, xd, nullptr, nullptr, y, ldy};
   // batch 1: the two-lookup decode (7-12% faster on every Llama-3-8B shape on the H200);
   // batch >= 2 keeps one signed lookup per word, whose cost is shared by the M rows
-  if (M == 1) return launch<Fmt::Nvfp4PosNeg, 1, 1, 2, true>(a, stream, pdl);
+  if (M == 1) return launch_m1<Fmt::Nvfp4PosNeg>(a, stream, pdl);
   return launch_default<Fmt::Nvfp4Dp4a>(a, M, stream, pdl);
 }
 

@@ -28,10 +28,7 @@ struct GemvArgs {
   const __half* xh;        // [M, Kp]   (f16 path)
   float* y;
   int ldy;
-  // L2 prefetch before the PDL wait (batch-1 kernels; 0: none): every block prefetches its own
-  // rows, and blocks [0, pf_wave) (the first wave) also the rows of blocks b + j pf_wave,
-  // j = 1 .. pf_ahead (rows the first wave's successors will read). gemv.cu l2_plan.
-  int pf_wave, pf_ahead;
+  int late;  // 1: trigger the dependent launch after the main loop, not at the start (A/B)
 };
 
 constexpr int kGemvWarps = 4;  // warps per block (each independent)
@@ -54,20 +51,6 @@ __device__ __forceinline__ Chunk<F> load_chunk(const GemvArgs& a, int n, int c) 
                                                     size_t(n) * (a.Kp / 16)) + c);
   }
   return k;
-}
-
-// Rows [r0, r0 + rows) of a (clipped to N), codes and scale bytes, into L2 (prefetch_l2).
-// Scale spans are rounded to 16-byte boundaries inside the array's granules.
-template <Fmt F>
-__device__ __forceinline__ void prefetch_rows(const GemvArgs& a, int r0, int rows) {
-  if (r0 >= a.N) return;
-  rows = min(rows, a.N - r0);
-  const size_t rb = size_t(a.Kp) / 2;
-  prefetch_l2(a.codes + size_t(r0) * rb, uint32_t(size_t(rows) * rb));
-  const size_t sb = F == Fmt::W4a8 ? size_t(a.Kp / a.group) * 2 : size_t(a.Kp) / 16;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(a.scales);
-  const uintptr_t s0 = (base + size_t(r0) * sb) & ~uintptr_t(15), s1 = (base + size_t(r0 + rows) * sb) & ~uintptr_t(15);
-  if (s1 > s0) prefetch_l2(reinterpret_cast<const void*>(s0), uint32_t(s1 - s0));
 }
 
 template <Fmt F>

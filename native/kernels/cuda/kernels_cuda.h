@@ -22,9 +22,10 @@
 namespace kvdeck::cuda {
 
 // Re-reads the kernel-level A/B switches from the environment (otherwise read at the first
-// launch): KVDECK_CUDA_L2PF=0 (no L2 prefetch in the batch-1 GEMVs), KVDECK_CUDA_L2PF_MB
-// (their look-ahead budget, default 16), KVDECK_CUDA_EARLY=0 (fused kernels trigger their
-// dependents after their PDL wait). The CUDA backend calls it when it is created.
+// launch): KVDECK_CUDA_ONEWAVE=0 (batch-1 GEMVs always U = 2, gemv.cu use_u1),
+// KVDECK_CUDA_GEMV_LATE=1 (the GEMVs trigger their dependents after their main loop, not at
+// the start), KVDECK_CUDA_EARLY=1 (the fused kernels trigger theirs before their PDL wait).
+// The CUDA backend calls it when it is created.
 void reload_switches();
 
 // =====================================================================================

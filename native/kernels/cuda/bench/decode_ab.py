@@ -22,19 +22,16 @@ import numpy as np
 
 from app.bench import gpu, gpu_model
 
-OFF = {"KVDECK_CUDA_SEG": "0", "KVDECK_CUDA_OQ8": "0", "KVDECK_CUDA_L2PF": "0", "KVDECK_CUDA_EARLY": "0"}
-SMOL = [("all off (the session-4 step)", OFF),
-        ("+ early trigger", {**OFF, "KVDECK_CUDA_EARLY": "1"}),
-        ("+ early + L2 prefetch", {**OFF, "KVDECK_CUDA_EARLY": "1", "KVDECK_CUDA_L2PF": "1"}),
-        ("default but SEG=0", {"KVDECK_CUDA_SEG": "0"}),
-        ("default but OQ8=0", {"KVDECK_CUDA_OQ8": "0"}),
-        ("default (all on)", {})]
-BIG = [("all off (the session-4 step)", OFF),
-       ("L2PF=0", {"KVDECK_CUDA_L2PF": "0"}),
-       ("EARLY=0", {"KVDECK_CUDA_EARLY": "0"}),
-       ("L2PF_MB=0 (own rows only)", {"KVDECK_CUDA_L2PF_MB": "0"}),
-       ("L2PF_MB=32", {"KVDECK_CUDA_L2PF_MB": "32"}),
-       ("default (all on)", {})]
+SMOL = [("defaults", {}),
+        ("SEG=1 (segment GEMVs)", {"KVDECK_CUDA_SEG": "1"}),
+        ("OQ8=1 (o's q8 in its GEMV)", {"KVDECK_CUDA_OQ8": "1"}),
+        ("SEG=1 OQ8=1", {"KVDECK_CUDA_SEG": "1", "KVDECK_CUDA_OQ8": "1"}),
+        ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"}),
+        ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+BIG = [("defaults", {}),
+       ("ONEWAVE=0 (q/k/v at U=2)", {"KVDECK_CUDA_ONEWAVE": "0"}),
+       ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"}),
+       ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"})]
 
 
 def build(env: dict, *args, **kw):
@@ -79,7 +76,7 @@ def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None) -
         us = statistics.median(t)
         out[label] = us
         roof = f", {floor_us / us:.3f} of roofline" if floor_us else ""
-        print(f"  {name} {label:32s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs all off){roof}",
+        print(f"  {name} {label:32s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs the first){roof}",
               flush=True)
         eng.close_sequence(s)
     return out
