@@ -339,7 +339,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     const int32_t* fresh = ctx_fresh_;  // ctx_ already holds pos[0] + 1 (written with the KV)
     ctx_fresh_ = nullptr;
     const float scale = 1.0f / std::sqrt(float(D));
-    const int max_ctx = std::min(pool.n_pages() * pool.block(), 524288);
+    const int pool_ctx = std::min(pool.n_pages() * pool.block(), 524288);  // sizes the workspace (never moves)
+    const int max_ctx = step_ctx_ ? std::min(pool_ctx, step_ctx_) : pool_ctx;  // sizes the grids
     cuda::PagedKv kv;
     kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
     const bool split_ok = (pool.dtype() == KvDType::F16 || pool.dtype() == KvDType::NVFP4) && (D == 64 || D == 128) &&
@@ -347,7 +348,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
-      float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
+      float* ws = workspace(cuda::attn_workspace_floats(nh, pool_ctx, D));
       if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
         return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
                      "attention_decode");
@@ -358,7 +359,9 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
       check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");
     // Small M (f32 / nvfp4r / k8v4 decode, a short prefill tail): split over the sequence as well.
-    float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
+    float* ws = M <= 8 ? workspace(std::max(cuda::paged_attn_ws_floats(M, nh, pool_ctx, D),
+                                            cuda::paged_attn_ws_floats(M, nh, max_ctx, D)))
+                       : nullptr;
     const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
                                                 nkv, D, q, ldq, M, nh, pos, scale, out, st_, max_ctx, ws, fk, fv, ldkv);
     if (e == cudaErrorInvalidValue) bad("attention: head_dim " + std::to_string(D) + " (needs a multiple of 32, <= 256)");

@@ -144,12 +144,16 @@ void CudaState::print_graph(uint64_t key, cudaGraph_t g) {
 
 bool CudaState::graph_begin(uint64_t key) {
   flush();
-  if (!graphs_on_) return false;
-  auto it = graphs_.find(key);
+  if (!buckets_) key &= 0xFF;
+  const uint64_t cap = key >> 8;
+  step_ctx_ = 0;  // a replayed step runs no op (and no step_end follows it)
+  auto it = graphs_on_ ? graphs_.find(key) : graphs_.end();
   if (it != graphs_.end()) {
     check(cudaGraphLaunch(it->second, st_), "cudaGraphLaunch");
     return true;
   }
+  step_ctx_ = cap && cap < (1u << 30) ? int(cap) : 0;  // until step_end
+  if (!graphs_on_) return false;
   if (seen_.insert(key).second) return false;  // the first step of a kind runs eagerly (allocations)
   check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   capturing_ = true;
@@ -158,6 +162,8 @@ bool CudaState::graph_begin(uint64_t key) {
 
 void CudaState::graph_end(uint64_t key, bool ok) {
   if (ok) flush();
+  step_ctx_ = 0;
+  if (!buckets_) key &= 0xFF;
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

@@ -105,6 +105,11 @@ class CudaState {
   // GEMV epilogues (Gemv above): opt-in, measured slower on the H200 (kernels/cuda/NOTES.md)
   bool fuse_ = env_on("KVDECK_CUDA_FUSE", false);
   bool graph_info_ = env_on("KVDECK_CUDA_GRAPH_INFO", false);  // print each captured graph's nodes
+  // The decode step's context bound from its key (backend.h step_begin; 0: none, the pool's
+  // capacity): the attention grids of a short context are sized for it, one graph per bucket.
+  // A/B: KVDECK_CUDA_CTX_BUCKETS=0 (one graph sized for the pool).
+  bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", true);
+  int step_ctx_ = 0;
   bool oq8_ = env_on("KVDECK_CUDA_OQ8", false);  // Q8 above (opt-in: KVDECK_CUDA_OQ8=1)
   // Short-row batch-1 q/k/v + rope + KV write and gate/up + silu + q8 as one launch each
   // (gemv_seg_m1; opt-in: KVDECK_CUDA_SEG=1). The silu's q8 goes to seg_q8_ (the GEMV's input,

@@ -6,7 +6,8 @@ Each variant is an engine built with its environment switches set (the backend a
 read them when the backend is created, kernels_cuda.h reload_switches; the CUDA graph is
 captured under them); the same random tensors serve every variant of a model. Repetitions
 alternate between the variants (R rounds of `steps` greedy decode steps each, median per
-variant), so a drift of the machine hits all alike. SmolLM2-135M-shaped: nvfp4 layers, w8a8
+variant), so a drift of the machine hits all alike; the timed steps stay inside one context
+bucket of the step key (backend.h step_begin). SmolLM2-135M-shaped: nvfp4 layers, w8a8
 head, f16 KV, after a 64-token prompt; Llama-3-8B-shaped: nvfp4 layers and head, nvfp4 KV,
 after 16 tokens, with the roofline of app/bench/gpu.py (weights + KV bytes over the copy).
 """
@@ -23,12 +24,14 @@ import numpy as np
 from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
+        ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
         ("SEG=1 (segment GEMVs)", {"KVDECK_CUDA_SEG": "1"}),
         ("OQ8=1 (o's q8 in its GEMV)", {"KVDECK_CUDA_OQ8": "1"}),
         ("SEG=1 OQ8=1", {"KVDECK_CUDA_SEG": "1", "KVDECK_CUDA_OQ8": "1"}),
         ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"}),
         ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
 BIG = [("defaults", {}),
+       ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
        ("ONEWAVE=0 (q/k/v at U=2)", {"KVDECK_CUDA_ONEWAVE": "0"}),
        ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"}),
        ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"})]
@@ -89,7 +92,7 @@ def main(argv: list[str]) -> int:
     if "smollm2" in argv:
         t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=0)
         ab("smollm2 f16 KV @64", SMOL, (("smollm2-135m", "nvfp4", "f16", "cuda"), dict(tensors=t, max_context=4096)),
-           64, 64, reps)
+           64, 24, reps)  # 64 + 3 + 7 x 24 tokens: one context bucket (256)
     if "8b" in argv:
         t0 = time.perf_counter()
         t = gpu_model.random_tensors("llama3-8b", "nvfp4", "nvfp4", seed=0, embed="f16")
