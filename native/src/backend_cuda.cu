@@ -13,7 +13,9 @@
 // instead of the tensor-core GEMM; KVDECK_CUDA_OQ8=1 quantises a short batch-1 row (the o
 // projection's input) inside its GEMV instead of in a kernel of its own; KVDECK_CUDA_SEG=1
 // runs short-row q/k/v + rope + KV and gate/up + silu as one kernel each (gemv_seg.cu); the
-// kernels' own switches: kernels_cuda.h reload_switches (all for A/B measurements).
+// kernels' own switches: kernels_cuda.h reload_switches; KVDECK_CUDA_CTX_BUCKETS=1 records a
+// decode step per context bucket of its key with the attention grids sized for the bucket
+// (backend_cuda_state.h; all for A/B measurements).
 #include <cuda_runtime.h>
 
 #include <algorithm>

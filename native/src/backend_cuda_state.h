@@ -107,8 +107,9 @@ class CudaState {
   bool graph_info_ = env_on("KVDECK_CUDA_GRAPH_INFO", false);  // print each captured graph's nodes
   // The decode step's context bound from its key (backend.h step_begin; 0: none, the pool's
   // capacity): the attention grids of a short context are sized for it, one graph per bucket.
-  // A/B: KVDECK_CUDA_CTX_BUCKETS=0 (one graph sized for the pool).
-  bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", true);
+  // Opt-in (KVDECK_CUDA_CTX_BUCKETS=1; not yet measured on a GPU); off: one graph per kind of
+  // step, its grids sized for the pool.
+  bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", false);
   int step_ctx_ = 0;
   bool oq8_ = env_on("KVDECK_CUDA_OQ8", false);  // Q8 above (opt-in: KVDECK_CUDA_OQ8=1)
   // Short-row batch-1 q/k/v + rope + KV write and gate/up + silu + q8 as one launch each

@@ -47,38 +47,17 @@ __device__ __forceinline__ bool seg_row(const SegArgs& g, int seg, int ri, int& 
   }
 }
 
-// The RoPE + KV-write epilogue of one head (segment seg): the arithmetic of rope_kv_item's q
-// and f32 / f16 branches and kv_nvfp4_value (the same bytes), without rope_kv_item's
-// per-block NVFP4 loop, whose registers would cap the GEMV part's.
-__device__ __forceinline__ void rope_kv_head(const RopeKvArgs& r, int nh, int seg) {
+// The RoPE + KV-write epilogue of one head (segment seg), out of line: its encode code keeps
+// its registers out of the GEMV part's frame.
+__device__ __noinline__ void rope_kv_head(const RopeKvArgs r, int nh, int seg) {
   const int D = r.D, half = D / 2, t = threadIdx.x;
-  const float p = float(r.pos[0]);
-  if (seg == 0 && t == 0 && r.ctx) r.ctx[0] = r.pos[0] + 1;
-  if (seg < nh) {  // q head: rotated in place
-    if (t < half) {
-      float sn, cs;
-      sincosf(p * r.inv_freq[t], &sn, &cs);
-      float* xh = r.q + size_t(seg) * D;
-      const float x0 = __ldcg(xh + t), x1 = __ldcg(xh + t + half);
-      xh[t] = x0 * cs - x1 * sn;
-      xh[t + half] = x1 * cs + x0 * sn;
-    }
-    return;
-  }
-  const int g = seg - nh;
-  if (r.fmt == 2) {  // NVFP4 rows, one value a thread (whole warps: 2 D % 32 == 0)
-    if (t < 2 * D) kv_nvfp4_value(r, size_t(g) * 2 * D + t, true);
-    return;
-  }
-  if (t >= D) return;  // f32 / f16: roped k and v value t of this head
-  const size_t dst = (size_t(r.slots[0]) * r.nkv + g) * (r.fmt == 0 ? 4 * D : 2 * D);
-  const float kv = roped(r.k + size_t(g) * D, t, half, p, r.inv_freq), vv = __ldcg(r.v + size_t(g) * D + t);
-  if (r.fmt == 0) {
-    reinterpret_cast<float*>(r.kb + dst)[t] = kv;
-    reinterpret_cast<float*>(r.vb + dst)[t] = vv;
-  } else {
-    reinterpret_cast<__half*>(r.kb + dst)[t] = __float2half_rn(kv);
-    reinterpret_cast<__half*>(r.vb + dst)[t] = __float2half_rn(vv);
+  if (seg < nh) {  // q head: rotated in place (item 0 also writes ctx)
+    if (t < half) rope_kv_item(r, size_t(seg) * half + t);
+  } else if (r.fmt == 2) {  // NVFP4 rows, one value a thread (whole warps: 2 D % 32 == 0)
+    const int gk = seg - nh;
+    if (t < 2 * D) kv_nvfp4_value(r, size_t(gk) * 2 * D + t, true);
+  } else if (t < D) {  // f32 / f16: roped k and v value t of this head
+    rope_kv_item(r, size_t(nh) * half + size_t(seg - nh) * D + t);
   }
 }
 
@@ -110,7 +89,7 @@ __global__ void __launch_bounds__(kSegWarps * 32) gemv_seg_kernel(const SegArgs 
     if (warp == 0) silu_q8_seg(g.a[0].y, g.a[1].y, e.n, e.h, e.q, e.d, e.s, seg);
   } else {
     const GemvEpilogue& e = g.e;
-    rope_kv_head(RopeKvArgs{g.a[0].y, e.nh * e.D, e.nh, g.a[1].y, g.a[2].y, e.nkv * e.D, e.nkv, e.D, 1, e.pos, e.inv_freq,
+    rope_kv_head({g.a[0].y, e.nh * e.D, e.nh, g.a[1].y, g.a[2].y, e.nkv * e.D, e.nkv, e.D, 1, e.pos, e.inv_freq,
                   e.kv_format, static_cast<uint8_t*>(e.k_pages), static_cast<uint8_t*>(e.v_pages), e.slots, e.ctx},
                  e.nh, seg);
   }

@@ -22,7 +22,7 @@
 namespace kvdeck::cuda {
 
 // Re-reads the kernel-level A/B switches from the environment (otherwise read at the first
-// launch): KVDECK_CUDA_ONEWAVE=0 (batch-1 GEMVs always U = 2, gemv.cu use_u1),
+// launch): KVDECK_CUDA_ONEWAVE=1 (batch-1 GEMVs at U = 1 where that fits one wave, gemv.cu use_u1),
 // KVDECK_CUDA_GEMV_LATE=1 (the GEMVs trigger their dependents after their main loop, not at
 // the start), KVDECK_CUDA_EARLY=1 (the fused kernels trigger theirs before their PDL wait).
 // The CUDA backend calls it when it is created.
