@@ -136,7 +136,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
         if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
         cudaGetLastError();
       }
-      if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // gate/up + silu + q8
+      if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // + silu + q8
         cuda::GemvEpilogue e;
         e.kind = cuda::GemvEpilogue::kSiluQ8, e.counter = counter_;
         e.h = u.y, e.n = K, e.Kp = Kp, e.q = q.act.q, e.d = q.act.d, e.s = q.act.s;

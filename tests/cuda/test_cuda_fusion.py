@@ -109,7 +109,8 @@ def test_captured_step_kernels_and_pdl_edges(tensors, monkeypatch, capfd):
     counts = {}
     for name, fuse, separate in (("segments", False, False), ("epilogues", True, False), ("separate", False, True)):
         capfd.readouterr()
-        _decode(_build(tensors, "nvfp4", "f16", monkeypatch, fuse, separate=separate), prompt, 3)  # eager, capture, replay
+        eng = _build(tensors, "nvfp4", "f16", monkeypatch, fuse, separate=separate)
+        _decode(eng, prompt, 3)  # eager, capture, replay
         counts[name] = _graph_line(capfd)
     (kd, ed, pd), (kf, ef, pf), (ks, es, ps) = counts["segments"], counts["epilogues"], counts["separate"]
     print(f"\ncaptured decode step: {kd} kernels with the segment GEMVs ({kd / LAYERS:.1f} a layer), {kf} with the "

@@ -82,7 +82,8 @@ gemv_w8a8_kernel(const int8_t* __restrict__ codes, const __half* __restrict__ sc
   for (int t = 0; t < 2; ++t) {
     const int c = 32 * t + lane;
     const bool live = row && c < chunks;
-    w2[t] = live ? __ldg(reinterpret_cast<const int4*>(codes + size_t(n) * Kp + size_t(c) * 16)) : make_int4(0, 0, 0, 0);
+    const int4* p = reinterpret_cast<const int4*>(codes + size_t(n) * Kp + size_t(c) * 16);
+    w2[t] = live ? __ldg(p) : make_int4(0, 0, 0, 0);
     dw2[t] = live ? __half2float(scales[size_t(n) * nb + c / 2]) : 0.0f;
   }
   pdl_wait();
