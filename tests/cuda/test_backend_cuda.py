@@ -112,14 +112,16 @@ def test_one_wave_gemv_is_bit_identical(cpu, gpu, fmt, monkeypatch):
     assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, None)) < 1e-5
 
 
-@pytest.mark.parametrize("kv, tol", [("f16", 1e-5), ("nvfp4", 3e-3), ("f32", 1e-5)])
+@pytest.mark.parametrize("kv, tol", [("f16", 2e-3), ("nvfp4", 3e-3), ("f32", 2e-3)])
 def test_context_buckets_match_pool_sized_grids(kv, tol, monkeypatch):
     """KVDECK_CUDA_CTX_BUCKETS=1 (opt-in): a decode step is recorded per power-of-two bound on its
     context (the step key, backend.h step_begin) with its attention grids sized for that bound
     instead of the pool's 4,096 tokens. Positions 250..261 cross from the 256 to the 512 bucket
     (a second recording, its first step eager). Against the pool-sized grids, fed the same
     tokens: another split of the sequence merges the softmax partials in another order (and, on
-    the NVFP4 tensor-core kernel, rounds P to f16 against another running maximum)."""
+    the NVFP4 tensor-core kernel, rounds P to f16 against another running maximum), which can
+    flip an int8 rounding of the next GEMV's input: the bound of test_cuda_fusion.py's 2-layer
+    comparisons (~1e-3 of the largest logit), where a wrong context bound is off by far more."""
     from app.bench import gpu_model
 
     t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", 2, seed=11)
