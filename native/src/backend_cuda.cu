@@ -121,21 +121,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       const bool apart = q.act.q + Kp <= p_mv_.xq || p_mv_.xq + p_mv_.Kp <= q.act.q;  // out q8 vs GEMV's input
-      if (M == 1 && seg_held(p_mv_) && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && seg_buffer(Kp)) {
-        cuda::GemvEpilogue e;  // gate/up + silu + q8, a block per 32 outputs; q8 to seg_q8_
-        e.kind = cuda::GemvEpilogue::kSiluQ8, e.h = u.y, e.n = K, e.Kp = Kp;
-        e.q = seg_q8_.q, e.d = seg_q8_.d, e.s = seg_q8_.s;
-        const Gemv g = p_mv_;
-        const cudaError_t r = cuda::gemv_seg_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, e, st_, pdl_);
-        if (r == cudaSuccess) {
-          p_mv_ = {};
-          seg_from_ = q.act.q;  // the down projection reads its q8 from seg_q8_
-          q.valid = true;
-          return;
-        }
-        if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
-        cudaGetLastError();
-      }
+      if (M == 1 && seg_silu(u, K, Kp, q)) return;  // gate/up + silu + q8, one launch (opt-in)
       if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // + silu + q8
         cuda::GemvEpilogue e;
         e.kind = cuda::GemvEpilogue::kSiluQ8, e.counter = counter_;
@@ -157,31 +143,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   // M > 8 (prefill): NVFP4 / W4A8 / W8A8 on the tensor cores (gemm_mma.cu, the same integer
   // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
   // over row chunks of 8, each chunk re-reading the weights.
-  // The engine's scratch as the kernels must read it (seg_from_: its q8 is in seg_q8_).
-  const QuantScratch& seg_view(const QuantScratch& xq, QuantScratch& tmp) {
-    if (!seg_from_ || xq.act.q != seg_from_) return xq;
-    tmp = xq;
-    tmp.act.q = seg_q8_.q, tmp.act.d = seg_q8_.d, tmp.act.s = seg_q8_.s;
-    return tmp;
-  }
   void matmul(const WeightView& w, const float* x, const QuantScratch& xq_in, int M, float* y, int ldy) override {
     QuantScratch tmp;
     const QuantScratch& xq = seg_view(xq_in, tmp);
-    if (p_q8_.x && M == 1 && x == p_q8_.x && xq.act.q == p_q8_.q && w.Kp == p_q8_.Kp && !w.mins &&
-        (w.dtype == DType::NVFP4 || w.dtype == DType::W4A8)) {  // quantise + GEMV, one launch
-      const Q8 z = p_q8_;
-      p_q8_ = {};
-      const auto* codes = static_cast<const uint8_t*>(w.data);
-      const cudaError_t e =
-          w.dtype == DType::NVFP4
-              ? cuda::gemv_nvfp4_q8fused(codes, static_cast<const uint8_t*>(w.scales), w.tscale, w.N, z.K, z.Kp, x, y,
-                                         st_, pdl_, z.q, z.d, z.s)
-              : cuda::gemv_w4a8_q8fused(codes, static_cast<const uint16_t*>(w.scales), w.group, w.N, z.K, z.Kp, x, y,
-                                        st_, pdl_, z.q, z.d, z.s);
-      if (e != cudaErrorInvalidValue) return check(e, "matmul (quantise + batch 1)");
-      cudaGetLastError();
-      p_q8_ = z;  // a shape it refuses: the two kernels (flush below)
-    }
+    if (M == 1 && q8_gemv(w, x, xq, y)) return;  // the held quantize_input + GEMV, one launch (opt-in)
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
@@ -278,23 +243,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
       const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
       p_rope_.clear();
-      if (M == 1 && qi >= 0 && seg_held(p_mv_) && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M &&
-          p_mv_.w[0].y == qr.x && p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D &&
-          ld == pool.n_kv() * D) {
-        cuda::GemvEpilogue e;  // q/k/v + rope + KV write (+ ctx), a block per head
-        e.kind = cuda::GemvEpilogue::kRopeKv;
-        e.nh = qr.nh, e.nkv = pool.n_kv(), e.D = D, e.kv_format = int(pool.dtype()), e.pos = kr.pos, e.inv_freq = kr.inv;
-        e.k_pages = pool.k(layer), e.v_pages = pool.v(layer), e.slots = slots, e.ctx = ctx_;
-        const Gemv g = p_mv_;
-        const cudaError_t r = cuda::gemv_seg_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, e, st_, pdl_);
-        if (r == cudaSuccess) {
-          p_mv_ = {};
-          ctx_fresh_ = kr.pos;
-          unroped_k_ = kr;  // as rope_kv_write, k is left unrotated in its buffer
-          return;
-        }
-        if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
-        cudaGetLastError();
+      if (M == 1 && qi >= 0 && seg_rope(qr, kr, k, v, ld, pool.n_kv(), D, int(pool.dtype()), pool.k(layer),
+                                        pool.v(layer), slots)) {  // q/k/v + rope + KV write, one launch (opt-in)
+        unroped_k_ = kr;  // as rope_kv_write, k is left unrotated in its buffer
+        return;
       }
       if (fuse_ && M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
           p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D && ld == pool.n_kv() * D) {

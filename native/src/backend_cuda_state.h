@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cuda/kernels_cuda.h"
+#include "kvdeck/backend.h"
 #include "kvdeck/kernels.h"
 
 namespace kvdeck::cuda_backend {
@@ -121,6 +122,16 @@ class CudaState {
   ActQ8 seg_q8_;              // device: [1, seg_q8_.Kp]
   const int8_t* seg_from_ = nullptr;
   bool seg_buffer(int Kp);    // seg_q8_ holds Kp (allocated outside a capture), or false
+  // The engine's scratch as the kernels must read it (seg_from_: its q8 is in seg_q8_).
+  const QuantScratch& seg_view(const QuantScratch& xq, QuantScratch& tmp) const;
+  // The opt-in one-launch paths; each returns false (nothing launched) where it does not apply:
+  // the held gate/up GEMV + silu u + q8 of its K (Kp) outputs into q (seg_);
+  bool seg_silu(const Silu& u, int K, int Kp, QuantScratch& q);
+  // the held q/k/v GEMV + rope of q (qr) and k (kr) + the KV write of k, v (seg_);
+  bool seg_rope(const Rope& qr, const Rope& kr, const float* k, const float* v, int ld, int nkv, int D, int kv_format,
+                void* k_pages, void* v_pages, const int32_t* slots);
+  // the held quantize_input of x + the batch-1 GEMV of w reading it into y (oq8_).
+  bool q8_gemv(const WeightView& w, const float* x, const QuantScratch& xq, float* y);
   bool capturing_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;
