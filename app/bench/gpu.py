@@ -12,6 +12,8 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
     per token over the device copy bandwidth measured in the same run).
   * The seed-000 task (app/bench/gpu_seed.py): TTFT per call with the prefix cache on and off,
     on the CUDA and the CPU backend (--no-seed skips it).
+  * Decode A/B of the opt-in switches (both models): context-bucket graphs
+    (KVDECK_CUDA_CTX_BUCKETS=1), and for the 8B q/k/v in one wave (KVDECK_CUDA_ONEWAVE=1).
   * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
     batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu); the 8B model also with
     KVDECK_CUDA_MMA=v1 (the session-3 GEMM kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the
@@ -153,6 +155,21 @@ def prefill_gemv_chunks(model: str, reps: int, **kw) -> float:
     return prefill_tps(eng, 512, reps)
 
 
+def ab_decode_us(env: dict, args: tuple, kw: dict, ctx: int, reps: int, steps: int = 64) -> float:
+    """decode_us of an engine built (and its step recorded) under the opt-in switches env: the
+    backend and the kernels read them when the backend is created (kernels_cuda.h)."""
+    os.environ.update(env)
+    try:
+        eng = gpu_model.build(*args, **kw)
+    finally:
+        for k in env:
+            os.environ.pop(k)
+    try:
+        return decode_us(eng, ctx, steps, reps)
+    finally:
+        del eng
+
+
 def smollm2(reps: int, out: dict) -> None:
     t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=0)
     rows = []
@@ -181,6 +198,10 @@ def smollm2(reps: int, out: dict) -> None:
     del eng
     print(f"  smollm2 f16 KV with the GEMV epilogues (KVDECK_CUDA_FUSE=1): decode {fused:7.1f} µs/token @64",
           flush=True)
+    buckets = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "1"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
+                           dict(tensors=t, max_context=4096), 64, reps)
+    print(f"  smollm2 f16 KV with context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=1): decode {buckets:7.1f} "
+          f"µs/token @64", flush=True)
     gemv_pf = prefill_gemv_chunks("smollm2-135m", reps, tensors=t, max_context=4096)
     print(f"  smollm2 f16 KV prefill with batch-8 GEMV chunks (KVDECK_CUDA_MMA=0): {gemv_pf:8.0f} tok/s (512)",
           flush=True)
@@ -189,7 +210,8 @@ def smollm2(reps: int, out: dict) -> None:
     cpu_pf = prefill_tps(cpu, 512, 1)
     print(f"  smollm2 on the CPU backend ({cpu.threads} threads): decode {cpu_us:7.1f} µs/token @64, "
           f"prefill {cpu_pf:6.0f} tok/s", flush=True)
-    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_fused_f16": fused, "prefill_tps_512_gemv_chunks": gemv_pf,
+    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_fused_f16": fused,
+                      "decode_us_64_buckets_f16": buckets, "prefill_tps_512_gemv_chunks": gemv_pf,
                       "cpu_decode_us_64": cpu_us,
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}
 
@@ -218,6 +240,9 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
     os.environ.pop("KVDECK_CUDA_FUSE")
     r["decode_us_16_fused"] = decode_us(eng, 16, 32, reps)
     del eng
+    kw8 = dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")
+    for key, env in (("buckets", {"KVDECK_CUDA_CTX_BUCKETS": "1"}), ("onewave", {"KVDECK_CUDA_ONEWAVE": "1"})):
+        r[f"decode_us_16_{key}"] = ab_decode_us(env, ("llama3-8b", "nvfp4", "nvfp4", "cuda"), kw8, 16, reps, steps=32)
     r["prefill_tps_512_gemv_chunks"] = prefill_gemv_chunks("llama3-8b", 1, tensors=t, head="nvfp4",
                                                            max_context=8192, embed="f16")
     del t
@@ -228,6 +253,8 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
               f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
     print(f"  llama3-8b decode with the GEMV epilogues (KVDECK_CUDA_FUSE=1): {r['decode_us_16_fused']:8.1f} "
           f"µs/token @16", flush=True)
+    print(f"  llama3-8b decode with context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=1): "
+          f"{r['decode_us_16_buckets']:8.1f}; q/k/v in one wave (KVDECK_CUDA_ONEWAVE=1): {r['decode_us_16_onewave']:8.1f} µs/token @16", flush=True)
     print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512) = {r['prefill_vs_llama_cpp']:.2f}x llama.cpp "
           f"({LLAMA_CPP_PP512_8B} pp512, fa on); session-3 GEMM (KVDECK_CUDA_MMA=v1, interleaved) "
           f"{r['prefill_tps_512_mma_v1']:8.0f}; NVFP4 on the f16 mma (KVDECK_CUDA_GEMM_NVFP4=f16, opt-in) "

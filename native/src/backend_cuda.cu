@@ -9,9 +9,15 @@
 // its mechanics are in backend_cuda_state.h / .cu.
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
-// its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV chunks
-// instead of the tensor-core GEMM (all for A/B measurements); KVDECK_CUDA_MMA=v1 (the session-3 GEMM
-// kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the f16 mma, opt-in) are read by gemm_mma.cu at every launch.
+// its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill
+// matmuls as batch-8 GEMV chunks instead of the tensor-core GEMM; KVDECK_CUDA_MMA=v1 (the
+// session-3 GEMM kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the f16 mma, opt-in) are read
+// by gemm_mma.cu at every launch; KVDECK_CUDA_OQ8=1 quantises a short batch-1 row (the o
+// projection's input) inside its GEMV instead of in a kernel of its own; KVDECK_CUDA_SEG=1
+// runs short-row q/k/v + rope + KV and gate/up + silu as one kernel each (gemv_seg.cu); the
+// kernels' own switches: kernels_cuda.h reload_switches; KVDECK_CUDA_CTX_BUCKETS=1 records a
+// decode step per context bucket of its key with the attention grids sized for the bucket
+// (backend_cuda_state.h; all for A/B measurements).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -97,6 +103,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     p_norm_ = {const_cast<float*>(x), add, w, M, n, eps, y};
   }
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
+    if (q.act.q == seg_from_) seg_from_ = nullptr;  // rewritten: it holds its own q8 again
     q.act.M = M;
     q.act.Kp = round_up(K, kQ8Block);
     const int Kp = q.act.Kp;
@@ -116,7 +123,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       const bool apart = q.act.q + Kp <= p_mv_.xq || p_mv_.xq + p_mv_.Kp <= q.act.q;  // out q8 vs GEMV's input
-      if (p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // gate/up + silu + q8
+      if (M == 1 && seg_silu(u, K, Kp, q)) return;  // gate/up + silu + q8, one launch (opt-in)
+      if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // + silu + q8
         cuda::GemvEpilogue e;
         e.kind = cuda::GemvEpilogue::kSiluQ8, e.counter = counter_;
         e.h = u.y, e.n = K, e.Kp = Kp, e.q = q.act.q, e.d = q.act.d, e.s = q.act.s;
@@ -127,14 +135,20 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       }
     } else {
       flush();
-      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+      if (oq8_ && M == 1 && Kp <= cuda::kFusedSmallKp)
+        p_q8_ = {x, K, Kp, q.act.q, q.act.d, q.act.s};  // the GEMV reading it quantises (matmul)
+      else
+        check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
     }
     q.valid = true;
   }
   // M > 8 (prefill): NVFP4 / W4A8 / W8A8 on the tensor cores (gemm_mma.cu, the same integer
   // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
   // over row chunks of 8, each chunk re-reading the weights.
-  void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
+  void matmul(const WeightView& w, const float* x, const QuantScratch& xq_in, int M, float* y, int ldy) override {
+    QuantScratch tmp;
+    const QuantScratch& xq = seg_view(xq_in, tmp);
+    if (M == 1 && q8_gemv(w, x, xq, y)) return;  // the held quantize_input + GEMV, one launch (opt-in)
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
@@ -189,8 +203,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
   // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
   // M > 8, one integer format sharing Kp and group (q/k/v, gate/up): one tensor-core GEMM launch.
-  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
+  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq_in, int M) override {
     flush();
+    QuantScratch tmp;
+    const QuantScratch& xq = seg_view(xq_in, tmp);
     const WeightView& w0 = *outs[0].w;
     if (M > 8 && mma_ && xq.valid && n <= 4 && is_integer(w0.dtype) && gemm_many(outs, n, xq, M)) return;
     bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
@@ -231,7 +247,12 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
       const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
       p_rope_.clear();
-      if (M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
+      if (M == 1 && qi >= 0 && seg_rope(qr, kr, k, v, ld, pool.n_kv(), D, int(pool.dtype()), pool.k(layer),
+                                        pool.v(layer), slots)) {  // q/k/v + rope + KV write, one launch (opt-in)
+        unroped_k_ = kr;  // as rope_kv_write, k is left unrotated in its buffer
+        return;
+      }
+      if (fuse_ && M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
           p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D && ld == pool.n_kv() * D) {
         cuda::GemvEpilogue e;  // q/k/v GEMV + rope + KV write (+ ctx)
         e.kind = cuda::GemvEpilogue::kRopeKv, e.counter = counter_;
@@ -276,7 +297,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     const int32_t* fresh = ctx_fresh_;  // ctx_ already holds pos[0] + 1 (written with the KV)
     ctx_fresh_ = nullptr;
     const float scale = 1.0f / std::sqrt(float(D));
-    const int max_ctx = std::min(pool.n_pages() * pool.block(), 524288);
+    const int pool_ctx = std::min(pool.n_pages() * pool.block(), 524288);  // sizes the workspace (never moves)
+    const int max_ctx = step_ctx_ ? std::min(pool_ctx, step_ctx_) : pool_ctx;  // sizes the grids
     cuda::PagedKv kv;
     kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
     const bool split_ok = (pool.dtype() == KvDType::F16 || pool.dtype() == KvDType::NVFP4) && (D == 64 || D == 128) &&
@@ -284,7 +306,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
-      float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
+      float* ws = workspace(cuda::attn_workspace_floats(nh, pool_ctx, D));
       if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
         return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
                      "attention_decode");
@@ -295,7 +317,9 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
       check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");
     // Small M (f32 / nvfp4r / k8v4 decode, a short prefill tail): split over the sequence as well.
-    float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
+    float* ws = M <= 8 ? workspace(std::max(cuda::paged_attn_ws_floats(M, nh, pool_ctx, D),
+                                            cuda::paged_attn_ws_floats(M, nh, max_ctx, D)))
+                       : nullptr;
     const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
                                                 nkv, D, q, ldq, M, nh, pos, scale, out, st_, max_ctx, ws, fk, fv, ldkv);
     if (e == cudaErrorInvalidValue) bad("attention: head_dim " + std::to_string(D) + " (needs a multiple of 32, <= 256)");
@@ -368,7 +392,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                 outs[i].y};
     g.xq = xq.act.q, g.xd = xq.act.d, g.xs = xq.act.s;
     p_mv_ = g;
-    if (!fuse_) launch_gemv(nullptr);  // at once, as before the epilogues (A/B: KVDECK_CUDA_FUSE=0)
+    if (!fuse_ && !seg_held(g)) launch_gemv(nullptr);  // at once: nothing fuses with it
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------

@@ -325,7 +325,10 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   // A decode step (M = 1) runs the same ops every step: the backend may replay a recording
   // of it (CUDA graph) instead of the ops up to the head's download (backend.h step_begin).
   // (a sampled step's recording ends at the logits: the sampling runs after it, unrecorded)
-  const uint64_t step_key = argmax ? (sample ? 3 : 2) : logits ? 1 : 0;
+  // bits 8 and up: the step's context bucket (backend.h step_begin)
+  uint64_t ctx_bucket = 256;
+  while (ctx_bucket < uint64_t(p0) + M) ctx_bucket *= 2;
+  const uint64_t step_key = (argmax ? (sample ? 3 : 2) : logits ? 1 : 0) | ctx_bucket << 8;
   struct StepGuard {  // closes the step on every exit; ok only when the ops all ran
     Backend& be;
     uint64_t key;

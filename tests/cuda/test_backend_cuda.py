@@ -92,6 +92,55 @@ def test_prefill_gemm_equals_gemv_chunks(cpu, gpu, fmt, monkeypatch):
     assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, m)) < 1e-5
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "w4a8"])
+def test_one_wave_gemv_is_bit_identical(cpu, gpu, fmt, monkeypatch):
+    """KVDECK_CUDA_ONEWAVE=1 (opt-in; a process-wide kernel switch, re-read whenever a backend is
+    created): a batch-1 grid of 6,144 rows (the 8B's q/k/v: two waves of blocks at two chunks in
+    flight a lane on an H200, one wave at one chunk) runs at one chunk a lane: the same sums in
+    the same order, so the same bits."""
+    N, K = 6144, 576
+    data, scales, tscale, _ = _weight(fmt, N, K)
+    x = RNG.standard_normal((1, K)).astype(np.float32)
+    want = gpu.matmul_q(fmt, data, scales, K, tscale, x, None)
+    monkeypatch.setenv("KVDECK_CUDA_ONEWAVE", "1")
+    try:
+        got = _native.BackendOps("cuda", 0).matmul_q(fmt, data, scales, K, tscale, x, None)
+    finally:
+        monkeypatch.delenv("KVDECK_CUDA_ONEWAVE")
+        _native.BackendOps("cuda", 0)  # the kernel switches back to their defaults
+    np.testing.assert_array_equal(got, want)
+    assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, None)) < 1e-5
+
+
+@pytest.mark.parametrize("kv, tol", [("f16", 2e-3), ("nvfp4", 3e-3), ("f32", 2e-3)])
+def test_context_buckets_match_pool_sized_grids(kv, tol, monkeypatch):
+    """KVDECK_CUDA_CTX_BUCKETS=1 (opt-in): a decode step is recorded per power-of-two bound on its
+    context (the step key, backend.h step_begin) with its attention grids sized for that bound
+    instead of the pool's 4,096 tokens. Positions 250..261 cross from the 256 to the 512 bucket
+    (a second recording, its first step eager). Against the pool-sized grids, fed the same
+    tokens: another split of the sequence merges the softmax partials in another order (and, on
+    the NVFP4 tensor-core kernel, rounds P to f16 against another running maximum), which can
+    flip an int8 rounding of the next GEMV's input: the bound of test_cuda_fusion.py's 2-layer
+    comparisons (~1e-3 of the largest logit), where a wrong context bound is off by far more."""
+    from app.bench import gpu_model
+
+    t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", 2, seed=11)
+    prompt = RNG.integers(0, 49152, 250).astype(np.int32)
+    feed = RNG.integers(0, 49152, 12).astype(np.int32)
+    out = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("KVDECK_CUDA_CTX_BUCKETS", on)  # read when the backend is created
+        eng = gpu_model.build("smollm2-135m", "nvfp4", kv, "cuda", tensors=t, layers=2)
+        monkeypatch.delenv("KVDECK_CUDA_CTX_BUCKETS")
+        s = eng.open_sequence(0)
+        eng.forward(s, prompt, False, None)
+        out[on] = [eng.forward(s, feed[i:i + 1], False, None) for i in range(len(feed))]
+        eng.close_sequence(s)
+    err = max(_rel(a, b) for a, b in zip(out["1"], out["0"]))
+    print(f"\n{kv} KV: context-bucket grids vs pool-sized {err:.2e}")
+    assert err < tol, err
+
+
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4", "nvfp4r", "k8v4"])
 def test_kv_write_bytes_equal_cpu_codec(cpu, gpu, kv):
     k = (RNG.standard_normal((37, 3, 64)) * RNG.uniform(0.01, 30, (37, 3, 1))).astype(np.float32)
@@ -143,6 +192,12 @@ def test_argmax_first_maximum(gpu):
     assert gpu.argmax(x) == int(np.argmax(x))
     x[[7, 40000]] = 1e9  # ties: the first index, as numpy
     assert gpu.argmax(x) == 7
+    y = RNG.standard_normal(128257).astype(np.float32)  # the 8B's vocabulary + 1: a scalar tail
+    y[[5, 77]] = np.nan  # NaN never wins
+    y[-1] = 1e9
+    assert gpu.argmax(y) == 128256
+    y[-1], y[64128] = 0.0, 1e9  # in the float4 part, past the first 8 loads of a thread
+    assert gpu.argmax(y) == 64128
 
 
 # ---- whole model ----------------------------------------------------------------------------

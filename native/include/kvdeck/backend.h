@@ -130,7 +130,9 @@ class Backend {
   // ---- decode steps (CUDA graphs) -------------------------------------------------------
   // The engine brackets the ops of a decode step (M = 1: the same ops, shapes and buffers
   // every step; positions, slots and pages read from backend memory) with step_begin(key) /
-  // step_end(key, ok), key naming the kind of step. A backend that records steps may replay
+  // step_end(key, ok), key naming the kind of step (bits 0-7) and, in bits 8 and up, a bound on
+  // the step's context length (a power of two >= 256, >= pos + 1: a recording may size its
+  // attention for it, one recording per bucket). A backend that records steps may replay
   // a recording in step_begin and return true: the engine then skips the ops (it uploads the
   // step's inputs before and downloads after). step_end(key, false) follows a step that threw.
   // Default: no recording.

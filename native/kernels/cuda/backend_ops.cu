@@ -120,10 +120,27 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
   pdl_wait();  // launched with PDL: x is the previous kernel's output
   float best = -INFINITY;
   int bi = n;  // none yet
-  for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
-    const float v = x[i];
+  auto take = [&](float v, int i) {  // a thread sees its indices in increasing order
     if (v > best || (bi == n && v == best)) best = v, bi = i;
+  };
+  // float4 loads, 8 in flight per thread before the first compare (one block of the logits'
+  // 49K-128K values was latency-bound one value at a time: 12.8 µs on the 8B's vocabulary)
+  const int n4 = (reinterpret_cast<uintptr_t>(x) & 15u) ? 0 : n / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int v0 = threadIdx.x; v0 < n4; v0 += 8 * kArgmaxThreads) {
+    float4 r[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int v = v0 + u * kArgmaxThreads;
+      r[u] = v < n4 ? __ldcg(x4 + v) : make_float4(NAN, NAN, NAN, NAN);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = 4 * (v0 + u * kArgmaxThreads);
+      take(r[u].x, i), take(r[u].y, i + 1), take(r[u].z, i + 2), take(r[u].w, i + 3);
+    }
   }
+  for (int i = 4 * n4 + threadIdx.x; i < n; i += kArgmaxThreads) take(x[i], i);
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);

@@ -72,9 +72,22 @@ gemv_w8a8_kernel(const int8_t* __restrict__ codes, const __half* __restrict__ sc
                  const int8_t* __restrict__ xq, const float* __restrict__ xd, float* __restrict__ y, int ldy) {
   const int n = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x & 31;
   pdl_launch_dependents();  // launched with PDL: the next kernel may start and wait for this one
-  pdl_wait();
-  if (n >= N) return;
   const int nb = Kp / 32, chunks = Kp / 16;
+  const bool row = n < N;
+  // the weights never change: the first two steps' chunks are loaded before the PDL wait (a
+  // row of up to 1024 codes: all of it; the head of SmolLM2, 576, used to start after the wait)
+  int4 w2[2];
+  float dw2[2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const int c = 32 * t + lane;
+    const bool live = row && c < chunks;
+    const int4* p = reinterpret_cast<const int4*>(codes + size_t(n) * Kp + size_t(c) * 16);
+    w2[t] = live ? __ldg(p) : make_int4(0, 0, 0, 0);
+    dw2[t] = live ? __half2float(scales[size_t(n) * nb + c / 2]) : 0.0f;
+  }
+  pdl_wait();
+  if (!row) return;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
@@ -82,8 +95,13 @@ gemv_w8a8_kernel(const int8_t* __restrict__ codes, const __half* __restrict__ sc
     const int c = c0 + lane;
     const bool live = c < chunks;  // chunks is even: a pair is live or dead together
     int4 w = make_int4(0, 0, 0, 0);
-    if (live) w = *reinterpret_cast<const int4*>(codes + size_t(n) * Kp + size_t(c) * 16);
-    const float dw = live ? __half2float(scales[size_t(n) * nb + c / 2]) : 0.0f;
+    float dw = 0.0f;
+    if (c0 < 64) {
+      w = c0 ? w2[1] : w2[0], dw = c0 ? dw2[1] : dw2[0];
+    } else if (live) {
+      w = *reinterpret_cast<const int4*>(codes + size_t(n) * Kp + size_t(c) * 16);
+      dw = __half2float(scales[size_t(n) * nb + c / 2]);
+    }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       int s = 0;

@@ -1,7 +1,10 @@
-// gemv_impl.cuh — the GEMV building blocks shared by gemv.cu and gemv_fused.cu: argument
-// struct, per-format chunk loads, weight decode and the int8 / f16 dot of one 32-value chunk.
+// gemv_impl.cuh — the GEMV building blocks shared by gemv.cu, gemv_many.cu, gemv_fused.cu and
+// gemv_seg.cu: argument struct, per-format chunk loads, weight decode, the int8 / f16 dot of
+// one 32-value chunk, the warp body of the batch-1..8 GEMV and its one-wave configuration.
 #pragma once
 #include <cstdint>
+
+#include <cuda_runtime.h>
 
 #include "common.cuh"
 
@@ -28,6 +31,7 @@ struct GemvArgs {
   const __half* xh;        // [M, Kp]   (f16 path)
   float* y;
   int ldy;
+  int late;  // 1: trigger the dependent launch after the main loop, not at the start (A/B)
 };
 
 constexpr int kGemvWarps = 4;  // warps per block (each independent)
@@ -155,6 +159,94 @@ __device__ __forceinline__ float dot(const Decoded<F>& w, const Act<F>& x, float
       return fmaf(x.d * w.sw.x, float(s), acc);
     }
   }
+}
+
+// =====================================================================================
+// The GEMV warp and its launch configuration (gemv.cu, gemv_many.cu)
+// =====================================================================================
+
+// kernels_cuda.h reload_switches' values (gemv.cu): KVDECK_CUDA_GEMV_LATE, KVDECK_CUDA_ONEWAVE.
+bool gemv_late();
+bool gemv_one_wave();
+
+// The body of one warp: rows n0 .. n0 + R - 1 of a (gemv_kernel; gemv_many_kernel per weight).
+template <Fmt F, int M, int R, int U, bool PF>
+__device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
+  const int lane = threadIdx.x & 31;
+  if (n0 >= a.N) return;
+  const int nc = a.Kp / 32;
+  if (!a.late) pdl_launch_dependents();
+  auto load_all = [&](int c0, Chunk<F> (&w)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)  // past the end: reload the last chunk (unused)
+        w[u][r] = load_chunk<F>(a, min(n0 + r, a.N - 1), min(c0 + 32 * u, nc - 1));
+  };
+  float acc[R][M] = {};
+  Chunk<F> wk[U][R], wn[U][R];
+  if (lane < nc) load_all(lane, wk);
+  pdl_wait();  // weights never change: only activations (and y) wait for the producer
+  for (int c0 = lane; c0 < nc; c0 += 32 * U) {
+    const bool more = c0 + 32 * U < nc;
+    if (PF && more) load_all(c0 + 32 * U, wn);  // software pipeline: next step's weights
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (c0 + 32 * u >= nc) break;
+      Act<F> x[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) x[m] = load_act<F>(a, m, c0 + 32 * u);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const Decoded<F> d = decode<F>(wk[u][r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = dot<F>(d, x[m], acc[r][m]);
+      }
+    }
+    if (PF) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wk[u][r] = wn[u][r];
+    } else if (more) {
+      load_all(c0 + 32 * U, wk);
+    }
+  }
+  if (a.late) pdl_launch_dependents();
+  // nvfp4: 2*e2m1 codes (x0.5) and scales / 256 (x256) -> x128; f16 path: x256
+  const float scale = F == Fmt::Nvfp4Dp4a || F == Fmt::Nvfp4PosNeg ? a.tscale * 128.0f
+                      : F == Fmt::Nvfp4F16                         ? a.tscale * 256.0f
+                                                                   : 1.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == r * M + m && n0 + r < a.N) a.y[size_t(m) * a.ldy + n0 + r] = v * scale;
+    }
+}
+
+// Blocks of kernel Kern resident at once on this device (occupancy x SMs; 0 if unknown).
+template <auto Kern>
+int wave_blocks() {
+  static const int per_wave = [] {
+    int dev = 0, sms = 0, per = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, Kern, kGemvWarps * 32, 0))
+      return 0;
+    return per * sms;
+  }();
+  return per_wave;
+}
+
+// Batch 1 with KVDECK_CUDA_ONEWAVE=1 (opt-in: not yet measured in the engine): one chunk in
+// flight per lane (U = 1) where that grid fits in one wave of resident blocks and U = 2 (more
+// registers) would need a second, short one (the 8B's q/k/v: 1,536 blocks, 1,320 resident at
+// U = 2, 1,584 at U = 1; alone, without PDL, 5.9 vs 7.2 µs in the session-3 tune rows). Same
+// sums in the same order, so the same outputs bit for bit.
+template <auto K1, auto K2>
+bool use_u1(int blocks) {
+  return gemv_one_wave() && blocks > wave_blocks<K2>() && blocks <= wave_blocks<K1>();
 }
 
 }  // namespace kvdeck::cuda::detail::gemv

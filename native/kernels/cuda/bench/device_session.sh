@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [kernels] [real] [seed] [cpu]
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [kernels] [real] [seed] [cpu]
+# ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape).
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
@@ -72,6 +73,10 @@ for step in "$@"; do
     cpu)  # CPU kernel tests on this machine's CPU (the device's host has AVX-512 VNNI; ours does not)
       timeout 200 python3 -m pytest -q -p no:cacheprovider tests/native/test_a16.py tests/native/test_attention.py \
         2>&1 | tee "$out/cpu_tests.log" | tail -15 ;;
+    ab)  # interleaved A/B of the decode step's switches, one process per model (decode_ab.py)
+      for m in smollm2 8b; do
+        PYTHONPATH=. timeout 240 python3 native/kernels/cuda/bench/decode_ab.py $m 2>&1 | tee -a "$out/ab.log"
+      done ;;
     kernels)
       timeout 500 python3 native/kernels/cuda/bench/run_bench.py --json "$out/kernels.json" 2>&1 \
         | tee "$out/kernels.log" | tail -60 ;;

@@ -1,0 +1,111 @@
+"""Interleaved A/B of the decode step's switches in one process (on a CUDA machine).
+
+    python3 native/kernels/cuda/bench/decode_ab.py [smollm2] [8b] [--reps R]
+
+Each variant is an engine built with its environment switches set (the backend and the kernels
+read them when the backend is created, kernels_cuda.h reload_switches; the CUDA graph is
+captured under them); the same random tensors serve every variant of a model. Repetitions
+alternate between the variants (R rounds of `steps` greedy decode steps each, median per
+variant), so a drift of the machine hits all alike; the timed steps stay inside one context
+bucket of the step key (backend.h step_begin). SmolLM2-135M-shaped: nvfp4 layers, w8a8
+head, f16 KV, after a 64-token prompt; Llama-3-8B-shaped: nvfp4 layers and head, nvfp4 KV,
+after 16 tokens, with the roofline of app/bench/gpu.py (weights + KV bytes over the copy).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from app.bench import gpu, gpu_model
+
+SMOL = [("defaults", {}),
+        ("CTX_BUCKETS=1 (grids for the context)", {"KVDECK_CUDA_CTX_BUCKETS": "1"}),
+        ("SEG=1 OQ8=1 (segment GEMVs, o q8)", {"KVDECK_CUDA_SEG": "1", "KVDECK_CUDA_OQ8": "1"}),
+        ("OQ8=1 (o's q8 in its GEMV)", {"KVDECK_CUDA_OQ8": "1"}),
+        ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"}),
+        ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+BIG = [("defaults", {}),
+       ("CTX_BUCKETS=1 (grids for the context)", {"KVDECK_CUDA_CTX_BUCKETS": "1"}),
+       ("ONEWAVE=1 (q/k/v at U=1)", {"KVDECK_CUDA_ONEWAVE": "1"}),
+       ("CTX_BUCKETS=1 ONEWAVE=1", {"KVDECK_CUDA_CTX_BUCKETS": "1", "KVDECK_CUDA_ONEWAVE": "1"}),
+       ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+
+
+def build(env: dict, *args, **kw):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return gpu_model.build(*args, **kw)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None) -> dict:
+    """floor: engine -> the roofline µs of its step (or None)."""
+    runs = []
+    for label, env in variants:
+        eng = build(env, *make[0], **make[1])
+        s = eng.open_sequence(0)
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # the eager step and the capture run under the switches too
+        tok = eng.forward_greedy(s, np.random.default_rng(1).integers(100, 30000, ctx).astype(np.int32), None)
+        for _ in range(3):
+            tok = eng.forward_greedy(s, np.array([tok], np.int32), None)
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        runs.append([label, eng, s, tok, []])
+    for _ in range(reps):
+        for r in runs:
+            eng, s, tok = r[1], r[2], r[3]
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                tok = eng.forward_greedy(s, np.array([tok], np.int32), None)
+            r[4].append((time.perf_counter() - t0) / steps * 1e6)
+            r[3] = tok
+    out = {}
+    base = statistics.median(runs[0][4])
+    floor_us = floor(runs[0][1]) if floor else None
+    for label, eng, s, _, t in runs:
+        us = statistics.median(t)
+        out[label] = us
+        roof = f", {floor_us / us:.3f} of roofline" if floor_us else ""
+        print(f"  {name} {label:32s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs the first){roof}",
+              flush=True)
+        eng.close_sequence(s)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 7
+    gbs = gpu.copy_gbs()
+    print(f"device: {gpu.device_name()}; copy {gbs or 0:.0f} GB/s", flush=True)
+    if "smollm2" in argv:
+        t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=0)
+        ab("smollm2 f16 KV @64", SMOL, (("smollm2-135m", "nvfp4", "f16", "cuda"), dict(tensors=t, max_context=4096)),
+           64, 24, reps)  # 64 + 3 + 7 x 24 tokens: one context bucket (256)
+    if "8b" in argv:
+        t0 = time.perf_counter()
+        t = gpu_model.random_tensors("llama3-8b", "nvfp4", "nvfp4", seed=0, embed="f16")
+        print(f"  (8b tensors {time.perf_counter() - t0:.1f} s)", flush=True)
+        mid = 16 + reps * 32 // 2  # the context half way through the timed steps
+
+        def floor(eng):
+            wb = eng.weight_bytes - 128256 * 4096 * 2  # the embedding table: one row a token
+            return (wb + mid * eng.kv_bytes_per_token) / (gbs * 1e9) * 1e6 if gbs else None
+
+        ab("8b nvfp4 KV @16", BIG, (("llama3-8b", "nvfp4", "nvfp4", "cuda"),
+                                    dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")), 16, 32, reps, floor)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
