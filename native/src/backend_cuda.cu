@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -291,6 +292,14 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
     if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
       check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");
+    // Prefill over f16 / NVFP4 pages: the tensor-core kernel (attention_prefill.cu), unless
+    // KVDECK_CUDA_ATTN_PREFILL=paged (the f32 SIMT kernel below, for A/B) or a shape it refuses.
+    if (M > 8 && attn_prefill_ && (pool.dtype() == KvDType::F16 || pool.dtype() == KvDType::NVFP4)) {
+      kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
+      const cudaError_t e = cuda::attention_prefill(kv, q, ldq, M, nh, pos, scale, out, st_, fk, fv, ldkv,
+                                                    attn_prefill_ == 1);
+      if (e != cudaErrorNotSupported) return check(e, "attention_prefill");
+    }
     // Small M (f32 / nvfp4r / k8v4 decode, a short prefill tail): split over the sequence as well.
     float* ws = M <= 8 ? workspace(cuda::paged_attn_ws_floats(M, nh, max_ctx, D)) : nullptr;
     const cudaError_t e = cuda::attention_paged(int(pool.dtype()), pool.k(layer), pool.v(layer), pages, pool.block(),
@@ -354,6 +363,13 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }
 
  private:
+  // KVDECK_CUDA_ATTN_PREFILL: paged (0), mma (1, default: q as f16 hi + lo), mma16 (2: q in f16)
+  static int prefill_mode() {
+    const char* s = std::getenv("KVDECK_CUDA_ATTN_PREFILL");
+    const std::string v = s ? s : "";
+    return v == "paged" || v == "0" ? 0 : v == "mma16" ? 2 : 1;
+  }
+  int attn_prefill_ = prefill_mode();
   Rope unroped_k_;  // the k rope_kv_write wrote to the pool but left unrotated in its buffer
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }

@@ -231,6 +231,10 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                                  const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
+// attention_decode_mma for NVFP4 pages with two 16-token chunks per softmax step (the measured
+// alternative, gpu_bench attn_nvfp4_pair). Same arguments and results; f16 pages: invalid.
+cudaError_t attention_decode_mma_pair(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                      int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
 }  // namespace detail
 
 // =====================================================================================
@@ -309,6 +313,16 @@ cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages
                             int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
                             float scale, float* out, cudaStream_t stream, int max_ctx = 0, float* ws = nullptr,
                             const float* fresh_k = nullptr, const float* fresh_v = nullptr, int fresh_ld = 0);
+// Causal prefill attention of M queries over f16 / NVFP4 pages on the tensor cores
+// (attention_prefill.cu): the arguments of attention_paged (q row stride ldq, pos: device i32
+// [M], out f32 [M, n_heads*D] packed, fresh_k / fresh_v as there), kv.format F16 / NVFP4,
+// kv.pages covering every pos[m]. Any G = n_heads / n_kv. q and p are rounded to f16 (q_split:
+// q as f16 hi + lo, f32-level scores), fresh rows are rounded to f16; accumulation in f32.
+// Returns cudaErrorNotSupported (nothing launched) for what it does not take: D not 64 / 128,
+// other formats, unaligned q / pages / fresh rows; attention_paged covers those.
+cudaError_t attention_prefill(const PagedKv& kv, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
+                              float scale, float* out, cudaStream_t stream, const float* fresh_k = nullptr,
+                              const float* fresh_v = nullptr, int fresh_ld = 0, bool q_split = true);
 // out[0] = the first index of max(x[0..n)) (numpy.argmax), one block.
 cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
 
