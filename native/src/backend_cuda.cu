@@ -277,11 +277,13 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     const int max_ctx = std::min(pool.n_pages() * pool.block(), 524288);
     cuda::PagedKv kv;
     kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
-    const bool split_ok = (pool.dtype() == KvDType::F16 || pool.dtype() == KvDType::NVFP4) && (D == 64 || D == 128) &&
+    const KvDType dt = pool.dtype();
+    const bool split_ok = (dt == KvDType::F16 || dt == KvDType::NVFP4 || dt == KvDType::NVFP4R || dt == KvDType::K8V4) &&
+                          (D == 64 || D == 128) &&
                           pool.block() % 16 == 0 &&
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
-      kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
+      kv.format = cuda::KvFormat(int(pool.dtype()));  // f16, nvfp4, nvfp4r, k8v4
       float* ws = workspace(cuda::attn_workspace_floats(nh, max_ctx, D));
       if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
         return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),

@@ -1,6 +1,8 @@
 // attention_mma.cu — paged decode attention on the tensor cores (mma.sync m16n8k16, f16 in,
 // f32 accumulate; sm_80+, so Orin and Hopper). Same grid, splits, workspace and combine as
-// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma).
+// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma). Every pool format
+// but f32: f16, NVFP4, and NVFP4R / K8V4 (K int8 as exact f16; the f16 row scales applied to
+// the scores (K) and to P before its f16 rounding (V, times 256, undone in the epilogue)).
 //
 // Per warp and chunk of 16 tokens:
 //   S  = Q K^T   two m16n8 tiles (rows: the G query heads, padded to 16; columns: 8 tokens),
@@ -47,61 +49,112 @@ __device__ __forceinline__ __half2 e4m3_h2(uint32_t b) {
   return __hmul2(bits2h(h | (h << 16)), __float2half2_rn(256.0f));
 }
 
-// Raw bytes of the lane's K segment (N32 u32 words of f16 pairs or E2M1 codes) and V rows.
-template <KvFormat F, int D>
-struct KvRegs {
-  static constexpr int KW = F == KvFormat::F16 ? D / 8 : D / 32;   // u32 per K segment (D/4 values)
-  static constexpr int VW = F == KvFormat::F16 ? D / 16 : D / 64;  // u32 per V slice (D/8 values)
-  uint32_t k[2][KW], ks[2];   // tiles 0, 1: token g and g + 8; ks: scale bytes (NVFP4)
-  uint32_t v[4][VW], vs[4];   // rows 2t, 2t+1, 2t+8, 2t+9
+// Row layouts (kv_pool.h): F16 f16 [D]; NVFP4 codes [D/2] + E4M3 block scales [D/16]; NVFP4R
+// the same + an f16 row scale (K and V); K8V4 K int8 [D] + f16 row scale, V as NVFP4R.
+template <KvFormat F>
+struct Fmt {
+  static constexpr bool kF16 = F == KvFormat::F16;
+  static constexpr bool kK8 = F == KvFormat::K8V4;                            // K rows int8
+  static constexpr bool kRowScale = F == KvFormat::NVFP4R || F == KvFormat::K8V4;  // f16 row scales
+  template <int D>
+  __host__ __device__ static constexpr size_t krow() { return kF16 ? 2 * D : kK8 ? D + 2 : D / 2 + D / 16 + (kRowScale ? 2 : 0); }
+  template <int D>
+  __host__ __device__ static constexpr size_t vrow() { return kF16 ? 2 * D : D / 2 + D / 16 + (kRowScale ? 2 : 0); }
+  // the alignment a lane's K / V segment can rely on (row start + segment offset)
+  template <int D>
+  __host__ __device__ static constexpr int align() { return kF16 ? 16 : kRowScale ? 2 : D == 128 ? 8 : 4; }
 };
 
+// Raw bytes of the lane's K segment (D/4 values: f16 pairs, E2M1 codes or int8) and V rows.
 template <KvFormat F, int D>
+struct KvRegs {
+  using T = Fmt<F>;
+  static constexpr int KW = T::kF16 ? D / 8 : T::kK8 ? D / 16 : D / 32;  // u32 per K segment (D/4 values)
+  static constexpr int VW = T::kF16 ? D / 16 : D / 64;                  // u32 per V slice (D/8 values)
+  uint32_t k[2][KW], ks[2];   // tiles 0, 1: token g and g + 8; ks: block scale bytes (4-bit K)
+  uint32_t v[4][VW], vs[4];   // rows 2t, 2t+1, 2t+8, 2t+9
+  uint32_t rk[2], rv[2];      // row scales (f16 pairs) of the K / V rows {2t, 2t+1}, {2t+8, 2t+9}
+};
+
+// n u32 words from p, which is A-byte aligned (A = 2: aligned words joined by funnel shifts).
+template <int A>
 __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, int n) {
-  if constexpr (F == KvFormat::F16) {  // 16-byte aligned
+  if constexpr (A == 16) {
     for (int i = 0; i < n; i += 4) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
       w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
     }
-  } else if constexpr (D == 128) {     // NVFP4 rows of 72 bytes: 8-byte aligned
+  } else if constexpr (A == 8) {
     for (int i = 0; i < n; i += 2) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i / 2);
       w[i] = v.x, w[i + 1] = v.y;
     }
-  } else {                             // 36-byte rows: 4-byte aligned
+  } else if constexpr (A == 4) {
     for (int i = 0; i < n; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  } else {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t* b = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+    const uint32_t sh = uint32_t(a & 3u) * 8u;  // 0 or 16
+    uint32_t prev = __ldg(b);
+    for (int i = 0; i < n; ++i) {
+      const uint32_t next = i + 1 < n || sh ? __ldg(b + i + 1) : 0u;  // no read past the segment
+      w[i] = __funnelshift_r(prev, next, sh);
+      prev = next;
+    }
   }
 }
+
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 
 template <KvFormat F, int D>
 __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, size_t row0,
                                            int n_kv, int g_kv, int valid, int gid, int tig) {
   using R = KvRegs<F, D>;
-  constexpr size_t kRow = F == KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16;
-  auto row_off = [&](int j) { return ((row0 + size_t(min(j, valid - 1))) * n_kv + g_kv) * kRow; };
+  using T = Fmt<F>;
+  constexpr size_t KR = T::template krow<D>(), VR = T::template vrow<D>();
+  constexpr int A = T::template align<D>();
+  auto row = [&](int j) { return (row0 + size_t(min(j, valid - 1))) * n_kv + g_kv; };
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile) {
-    const uint8_t* p = kb + row_off(gid + 8 * tile);
-    if constexpr (F == KvFormat::F16) {
-      load_words<F, D>(p + tig * (D / 4) * 2, r.k[tile], R::KW);
+    const uint8_t* p = kb + row(gid + 8 * tile) * KR;
+    if constexpr (T::kF16) {
+      load_words<16>(p + tig * (D / 4) * 2, r.k[tile], R::KW);
+      r.ks[tile] = 0;
+    } else if constexpr (T::kK8) {
+      load_words<2>(p + tig * (D / 4), r.k[tile], R::KW);
       r.ks[tile] = 0;
     } else {
-      load_words<F, D>(p + tig * (D / 8), r.k[tile], R::KW);
-      r.ks[tile] = D == 128 ? __ldg(reinterpret_cast<const uint16_t*>(p + D / 2) + tig) : __ldg(p + D / 2 + tig);
+      load_words<A>(p + tig * (D / 8), r.k[tile], R::KW);
+      r.ks[tile] = D == 128 ? ld_u16(p + D / 2 + 2 * tig) : __ldg(p + D / 2 + tig);
     }
   }
   const int rows[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint8_t* p = vb + row_off(rows[i]);
-    if constexpr (F == KvFormat::F16) {
-      load_words<F, D>(p + gid * (D / 8) * 2, r.v[i], R::VW);
+    const size_t ri = row(rows[i]);
+    const uint8_t* p = vb + ri * VR;
+    if constexpr (T::kF16) {
+      load_words<16>(p + gid * (D / 8) * 2, r.v[i], R::VW);
       r.vs[i] = 0;
     } else {
-      load_words<F, D>(p + gid * (D / 16), r.v[i], R::VW);
+      load_words<A>(p + gid * (D / 16), r.v[i], R::VW);
       r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
     }
+    if constexpr (T::kRowScale) {
+      const uint32_t sv = ld_u16(p + D / 2 + D / 16);
+      const uint32_t sk = ld_u16(kb + ri * KR + (T::kK8 ? D : D / 2 + D / 16));
+      if (i % 2 == 0) r.rv[i / 2] = sv, r.rk[i / 2] = sk;
+      else r.rv[i / 2] |= sv << 16, r.rk[i / 2] |= sk << 16;
+    }
   }
+}
+
+// Four int8 (one word) as two exact half2: 1024 + (x + 128) by bit placement, minus 1152.
+__device__ __forceinline__ void i8x4_to_half2x2(uint32_t w, uint32_t h[2]) {
+  const uint32_t t = w ^ 0x80808080u;
+  const __half2 off = __float2half2_rn(1152.0f);
+  h[0] = h2bits(__hsub2(bits2h(prmt(t, 0x64646464u, 0x4140u)), off));
+  h[1] = h2bits(__hsub2(bits2h(prmt(t, 0x64646464u, 0x4342u)), off));
 }
 
 // A lane's values as half2 (n2 of them): f16 words as they are; NVFP4 codes decoded, times the
@@ -138,7 +191,9 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
                 float* __restrict__ ws) {
   using R = KvRegs<F, D>;
   constexpr int KS = D / 16;  // k slices of S; also m tiles of O^T
-  constexpr bool kPrefetch = F == KvFormat::NVFP4;
+  constexpr bool kPrefetch = F != KvFormat::F16;
+  constexpr bool kRS = Fmt<F>::kRowScale;
+  constexpr float kPv = kRS ? 256.0f : 1.0f;  // P x V row scale x 256 keeps small products normal in f16
   constexpr bool kQSplit = false;  // Q as f16 hi + lo (f32-level scores) costs 16 registers
   const int g_kv = blockIdx.x, sp = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
@@ -200,6 +255,13 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
       for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
         for (int wi = 0; wi < R::KW; ++wi) {  // one word: f16 1 half2 (half a slice); NVFP4 4 half2
+          if constexpr (Fmt<F>::kK8) {  // one word: 4 int8 = one slice
+            uint32_t kh[2];
+            i8x4_to_half2x2(cur[c].k[tile][wi], kh);
+            float (&acc)[4] = wi % 2 ? s2[tile] : s[c][tile];
+            mma16816(acc, qhi[wi][0], 0u, qhi[wi][1], 0u, kh[0], kh[1]);
+            continue;
+          }
           uint32_t kh[F == KvFormat::F16 ? 1 : 4];
           to_half2<F>(&cur[c].k[tile][wi], 1, F == KvFormat::F16 ? 0u : (cur[c].ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
           if constexpr (F == KvFormat::F16) {
@@ -223,6 +285,13 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
       for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[c][tile][e] += s2[tile][e];
+      if constexpr (kRS) {  // K row scales of the columns' tokens 2t, 2t+1 (tile 0) and 2t+8, 2t+9
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile) {
+          const float2 r = __half22float2(bits2h(cur[c].rk[tile]));
+          s[c][tile][0] *= r.x, s[c][tile][1] *= r.y;
+        }
+      }
     }
     // ---- online softmax of head gid over the step's 16 PAIR tokens (4 PAIR per lane) ------------
     float cm = m;
@@ -255,8 +324,15 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
     for (int i = 0; i < KS; ++i) oc[i][0] *= a0, oc[i][2] *= a0, oc[i][1] *= a1, oc[i][3] *= a1;
 #pragma unroll
     for (int c = 0; c < PAIR; ++c) {
-      const uint32_t pb0 = h2bits(__floats2half2_rn(p[c][0][0], p[c][0][1]));  // tokens 2t, 2t+1 of head gid
-      const uint32_t pb1 = h2bits(__floats2half2_rn(p[c][1][0], p[c][1][1]));  // tokens 2t+8, 2t+9
+      float2 rv0 = make_float2(kPv, kPv), rv1 = rv0;  // V row scales (x 256) of tokens 2t, 2t+1 / 2t+8, 2t+9
+      if constexpr (kRS) {
+        rv0 = __half22float2(bits2h(cur[c].rv[0])), rv1 = __half22float2(bits2h(cur[c].rv[1]));
+        rv0.x *= kPv, rv0.y *= kPv, rv1.x *= kPv, rv1.y *= kPv;
+      }
+      const uint32_t pb0 = h2bits(kRS ? __floats2half2_rn(p[c][0][0] * rv0.x, p[c][0][1] * rv0.y)
+                                      : __floats2half2_rn(p[c][0][0], p[c][0][1]));  // tokens 2t, 2t+1 of head gid
+      const uint32_t pb1 = h2bits(kRS ? __floats2half2_rn(p[c][1][0] * rv1.x, p[c][1][1] * rv1.y)
+                                      : __floats2half2_rn(p[c][1][0], p[c][1][1]));  // tokens 2t+8, 2t+9
 #pragma unroll
       for (int wi = 0; wi < R::VW; ++wi) {  // rows 2t, 2t+1, 2t+8, 2t+9: one word each
         constexpr int NH = F == KvFormat::F16 ? 1 : 4;
@@ -307,7 +383,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
       lsum += c * sl[w][h];
     }
     float* dst = ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2);
-    dst[d] = acc;
+    dst[d] = acc * (1.0f / kPv);
     if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
   }
 }
@@ -361,6 +437,12 @@ cudaError_t decode_mma(const PagedKv& kv, const float* q, int n_heads, const int
   else if (kv.format == KvFormat::NVFP4)
     err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128, PAIR>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
                       : launch_mma<KvFormat::NVFP4, 64, PAIR>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::NVFP4R && PAIR == 1)
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4R, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::K8V4 && PAIR == 1)
+    err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::K8V4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;

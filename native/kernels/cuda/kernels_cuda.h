@@ -165,7 +165,8 @@ cudaError_t gemv_m1_config(int fmt, int R, int U, bool pipelined, const uint8_t*
 // KV of one layer as kv_pool.h stores it: K and V [n_pages, block, n_kv, row], where row is
 // one head's D values: F16: f16 [D]; NVFP4: u8 codes [D/2] then u8 E4M3 scales [D/16]
 // (tensor scale 1). Token t of the sequence lives in page pages[t / block], slot t % block.
-enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2 };  // the values of kvdeck::KvDType
+enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2, NVFP4R = 3, K8V4 = 4 };  // the values of kvdeck::KvDType
+// (NVFP4R / K8V4: the row layouts of kv_pool.h, tensor-core kernel only)
 
 struct PagedKv {
   const void* k = nullptr;          // device: [n_pages, block, n_kv, row]
@@ -199,7 +200,7 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 // dequantising NVFP4 rows in registers; a second kernel merges the splits. f16 pages run on
 // f32 SIMT cores (relative error ~1e-6); NVFP4 pages on the tensor cores
 // (detail::attention_decode_mma: q and p rounded to f16, ~5e-4 relative), the faster of the
-// two measured on the H200 for each format.
+// two measured on the H200 for each format; NVFP4R / K8V4 pages on the tensor cores too.
 //   q: f32 [n_heads, D] (roped);  out: f32 [n_heads, D];  ctx >= 1 (a device int so that a
 //   CUDA graph can replay it: ctx_dev[0]); max_ctx bounds ctx and sizes the grid and
 //   workspace (attn_workspace_floats(n_heads, max_ctx, D) floats).
