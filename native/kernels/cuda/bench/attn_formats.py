@@ -4,9 +4,11 @@ own row unrounded (attention_fresh): µs per layer, KV GB/s, time over f16's at 
     python3 native/kernels/cuda/bench/attn_formats.py [--ctx 4096,16384,32768] [--reps 7]
     python3 native/kernels/cuda/bench/attn_formats.py --prefill [--p0 0,4096] [--m 512]
 
+nvfp4r / k8v4 rows are timed twice: the default (paged) kernel and the opt-in tensor-core
+split kernel (KVDECK_CUDA_ATTN_ROWSCALE=mma, column "kernel").
 --prefill: M new queries at p0 (f16 / nvfp4 pages, nvfp4 with its own rows unrounded as the
-engine runs it) on the tensor-core prefill kernel against the f32 kernel it replaced
-(KVDECK_CUDA_ATTN_PREFILL=paged), interleaved, same backend build.
+engine runs it) on the opt-in tensor-core prefill kernel (KVDECK_CUDA_ATTN_PREFILL=mma) against
+the default f32 kernel, interleaved, same backend build.
 
 One layer of Llama-3-8B (32 q heads, 8 KV heads, D 128, pages of 16) through
 BackendOps.attention_timing: `layers` pools, each its own memory (>= 256 MB of KV in all, past
@@ -28,12 +30,24 @@ def kv_bytes(kv: str, D: int) -> int:
     return {"f32": 8 * D, "f16": 4 * D, "nvfp4": 2 * nv, "nvfp4r": 2 * (nv + 2), "k8v4": D + 2 + nv + 2}[kv]
 
 
+def backend(**env: str):
+    """A CUDA backend created under `env` (the kernel switches are read at creation)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _native.BackendOps("cuda", 0)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def prefill(a) -> int:
     nh, nkv, D = 32, 8, 128
-    os.environ["KVDECK_CUDA_ATTN_PREFILL"] = "paged"
-    old = _native.BackendOps("cuda", 0)  # the mode is read when a backend is created
-    del os.environ["KVDECK_CUDA_ATTN_PREFILL"]
-    new = _native.BackendOps("cuda", 0)
+    old = backend(KVDECK_CUDA_ATTN_PREFILL="paged")
+    new = backend(KVDECK_CUDA_ATTN_PREFILL="mma")
     print(f"{'kv':<8}{'fresh':<7}{'M':>5}{'p0':>6} {'mma us':>9} {'paged us':>9} {'speed-up':>9}")
     for p0 in (int(x) for x in a.p0.split(",")):
         for kv, fresh in (("f16", False), ("nvfp4", True)):
@@ -60,24 +74,25 @@ def main() -> int:
     a = ap.parse_args()
     if a.prefill:
         return prefill(a)
-    ops = _native.BackendOps("cuda", 0)
+    kernels = {"default": backend(KVDECK_CUDA_ATTN_ROWSCALE="paged"), "mma": backend(KVDECK_CUDA_ATTN_ROWSCALE="mma")}
     nh, nkv, D = 32, 8, 128
-    print(f"{'kv':<8}{'fresh':<7}{'ctx':>7} {'us/layer':>9} {'GB/s':>7} {'x f16':>6}")
+    print(f"{'kv':<8}{'fresh':<7}{'kernel':<9}{'ctx':>7} {'us/layer':>9} {'GB/s':>7} {'x f16':>6}")
     for ctx in (int(c) for c in a.ctx.split(",")):
         base = None
         for kv in a.formats.split(","):
             for fresh in (False, True):
                 if fresh and kv == "f16":
                     continue
-                per_layer = ctx * nkv * kv_bytes(kv, D)
-                layers = max(2, min(64, (256 << 20) // per_layer + 1))
-                secs, _ = ops.attention_timing(nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers, repeat=a.reps,
-                                               fresh=fresh)
-                us = min(secs) / layers * 1e6
-                if kv == "f16":
-                    base = us
-                print(f"{kv:<8}{'yes' if fresh else 'no':<7}{ctx:>7} {us:>9.1f} {per_layer / us / 1e3:>7.0f} "
-                      f"{us / base if base else float('nan'):>6.2f}", flush=True)
+                for kern in ("default", "mma") if kv in ("nvfp4r", "k8v4") else ("default",):
+                    per_layer = ctx * nkv * kv_bytes(kv, D)
+                    layers = max(2, min(64, (256 << 20) // per_layer + 1))
+                    secs, _ = kernels[kern].attention_timing(nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers,
+                                                             repeat=a.reps, fresh=fresh)
+                    us = min(secs) / layers * 1e6
+                    if kv == "f16":
+                        base = us
+                    print(f"{kv:<8}{'yes' if fresh else 'no':<7}{kern:<9}{ctx:>7} {us:>9.1f} "
+                          f"{per_layer / us / 1e3:>7.0f} {us / base if base else float('nan'):>6.2f}", flush=True)
     return 0
 
 

@@ -3,7 +3,8 @@
 # attention tests (kernel checks against float64, backend against the CPU, whole-model bound),
 # then gpu_bench --attn (decode variants at 4K-32K, prefill tensor cores vs the f32 kernel),
 # attn_formats.py (decode per KV format through the backend, prefill A/B) and the prefill
-# tok/s of the SmolLM2- and Llama-3-8B-shaped models with KVDECK_CUDA_ATTN_PREFILL=paged vs default.
+# tok/s of the SmolLM2- and Llama-3-8B-shaped models with KVDECK_CUDA_ATTN_PREFILL=mma vs paged (default).
+# The tests step runs tests/cuda/test_backend_cuda.py: the opt-in kernels (NEW_ENV) included.
 #   attn_session.sh OUT [tests] [bench] [kcheck] [model]
 set -uo pipefail
 out=$1; shift
@@ -28,7 +29,7 @@ for step in "$@"; do
   case $step in
     tests)
       timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_backend_cuda.py \
-        -k "attention or prefill or (model_logits and nvfp4-) or cache_hit or graph_replay" \
+        -k "attention or (model_logits and nvfp4-) or new_attention or cache_hit or graph_replay" \
         2>&1 | tee "$out/pytest.log" | grep -E "passed|failed|FAIL|Error|error|cuda vs cpu|cache hit" | tail -60 ;;
     bench)
       timeout 240 build/gpu_bench --attn --reps 15 --json "$out/attn.json" 2>&1 | tee "$out/gpu_bench_attn.log" \
@@ -48,7 +49,7 @@ for model, kv, kw in (("smollm2-135m", "f16", {}), ("smollm2-135m", "nvfp4", {})
     res = {}
     big = model.startswith("llama")
     for mode in ("paged", "mma") if big else ("paged", "mma", "paged", "mma"):
-        os.environ["KVDECK_CUDA_ATTN_PREFILL"] = mode
+        os.environ["KVDECK_CUDA_ATTN_PREFILL"] = mode  # read at backend creation
         eng = gpu_model.build(model, "nvfp4", kv, "cuda", tensors=t, max_context=8192, **kw)
         res[mode] = max(res.get(mode, 0.0), prefill_tps(eng, 512, 1 if big else 3))
         del eng
