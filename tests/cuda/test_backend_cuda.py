@@ -156,6 +156,18 @@ def test_kv_write_bytes_equal_cpu_codec(cpu, gpu, kv):
 # 16 values for the CPU's integer scores (attention_avx2.cpp); each is checked against float64
 # on its own side (tests/native/test_attention.py); measured 5.3e-3 apart at 900 / 5000 tokens.
 KV_TOL = [("f32", 1e-5), ("f16", 1e-5), ("nvfp4", 1e-2), ("nvfp4r", 1e-5), ("k8v4", 1e-5)]
+# Bounds of the opt-in kernels (NEW_ENV below): the tensor-core prefill (attention_prefill.cu: q
+# split into f16 hi + lo, P and the chunk's own rows rounded to f16, f32 accumulation) and the
+# nvfp4r / k8v4 decode on the tensor-core split kernel (q and P rounded to f16, as nvfp4's).
+PREFILL_TOL = 3e-3
+DECODE_MMA_TOL = 1e-2
+
+
+def _tol(kv: str, tol: float, M: int) -> float:
+    """The bound of the opt-in kernel that takes (kv, M), or tol where none does."""
+    if M > 8 and kv in ("f16", "nvfp4"):
+        return max(tol, PREFILL_TOL)
+    return max(tol, DECODE_MMA_TOL) if M == 1 and kv in ("nvfp4r", "k8v4") else tol
 
 
 @pytest.mark.parametrize("kv, tol", KV_TOL)
@@ -185,6 +197,60 @@ def test_attention_fresh_matches_cpu(cpu, gpu, kv, tol, M, p0):
     assert _rel(got, want) < tol
     if kv != "f16" and p0 < 1000:  # the own rows weigh enough to see the rounding they skip
         assert _rel(gpu.attention(q, k, v, p0, kv), want) > 3 * tol
+
+
+# ---- the session-5 attention kernels (opt-in until they have run on a GPU) -------------------
+# KVDECK_CUDA_ATTN_PREFILL=mma: M > 8 over f16 / NVFP4 pages on the tensor-core prefill kernel;
+# KVDECK_CUDA_ATTN_ROWSCALE=mma: nvfp4r / k8v4 decode on the tensor-core split kernel. Both read
+# when a backend is created.
+NEW_ENV = {"KVDECK_CUDA_ATTN_PREFILL": "mma", "KVDECK_CUDA_ATTN_ROWSCALE": "mma"}
+
+
+def _with_env(env: dict, make):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return make()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def gpu_new():
+    return _with_env(NEW_ENV, lambda: _native.BackendOps("cuda", 0))
+
+
+@pytest.mark.parametrize("kv", ["f16", "nvfp4", "nvfp4r", "k8v4"])
+@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("nkv, G, D, M, p0", [(2, 4, 128, 130, 300), (3, 3, 64, 200, 0), (1, 5, 64, 9, 40),
+                                              (2, 4, 128, 1, 900), (3, 3, 64, 1, 5000), (3, 3, 64, 1, 0)])
+def test_new_attention_kernels_match_cpu_and_old_kernels(cpu, gpu, gpu_new, kv, fresh, nkv, G, D, M, p0):
+    """The opt-in kernels (prefill M > 8 over f16 / nvfp4 on the tensor cores; nvfp4r / k8v4
+    decode on the tensor-core split kernel) against the CPU and against the default kernels they
+    would replace, Llama-3's 4 heads per KV head at D 128 and SmolLM2's 3 at D 64, tails in rows
+    and tokens; where a new kernel applies it visibly is not the old one (not bit-equal), elsewhere
+    the result is the old kernel's bit for bit."""
+    q = RNG.standard_normal((M, nkv * G * D)).astype(np.float32)
+    k = RNG.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    v = RNG.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    k *= RNG.uniform(0.2, 3.0, (p0 + M, nkv, 1)).astype(np.float32)  # row scales that differ token to token
+    op = "attention_fresh" if fresh else "attention"
+    want = getattr(cpu, op)(q, k, v, p0, kv)
+    got = getattr(gpu_new, op)(q, k, v, p0, kv)
+    old = getattr(gpu, op)(q, k, v, p0, kv)
+    tol = dict(KV_TOL)[kv]
+    assert np.isfinite(got).all()
+    assert _rel(old, want) < tol
+    assert _rel(got, want) < _tol(kv, tol, M)
+    if (M > 8 and kv in ("f16", "nvfp4")) or (M == 1 and kv in ("nvfp4r", "k8v4")):
+        assert _rel(got, old) < _tol(kv, tol, M)
+        assert not np.array_equal(got, old)
+    else:
+        np.testing.assert_array_equal(got, old)
 
 
 def test_argmax_first_maximum(gpu):
@@ -245,6 +311,22 @@ def test_model_logits_match_cpu(models, weights, kv):
     rounding that flips), so a fixed bound would be either loose or flaky. Both engines run their
     default path: with nvfp4 / nvfp4r / k8v4 KV a chunk reads its own K/V unrounded
     (attention_fresh; before the CUDA version existed this test had to switch it off on the CPU)."""
+    _check_model_against_cpu(models, weights, kv, models(weights, kv, "cuda"))
+
+
+@pytest.mark.parametrize("kv", ["f16", "nvfp4", "nvfp4r", "k8v4"])
+def test_model_logits_match_cpu_with_new_attention(models, kv):
+    """The same bound with the opt-in attention kernels (NEW_ENV): the 45-token prefill on the
+    tensor-core prefill kernel (f16 / nvfp4), the decode steps of nvfp4r / k8v4 on the
+    tensor-core split kernel."""
+    from app.bench import gpu_model
+
+    t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=3)  # the models fixture's tensors
+    eng = _with_env(NEW_ENV, lambda: gpu_model.build("smollm2-135m", "nvfp4", kv, "cuda", tensors=t, head="w8a8"))
+    _check_model_against_cpu(models, "nvfp4", kv, eng)
+
+
+def _check_model_against_cpu(models, weights: str, kv: str, gpu_eng) -> None:
     prompt = RNG.integers(0, 49152, 45).astype(np.int32)  # 45: chunks of 8 and a tail of 5
     cpu = models(weights, kv, "cpu")
     isa = _native.kernels.kernel_isa()
@@ -254,7 +336,7 @@ def test_model_logits_match_cpu(models, weights, kv):
         pre_s, dec_s = _run(cpu, prompt, 6)
     finally:
         _native.kernels.set_kernel_isa(isa)
-    pre_g, dec_g = _run(models(weights, kv, "cuda"), prompt, 6)
+    pre_g, dec_g = _run(gpu_eng, prompt, 6)
     rows = np.abs(pre_g - pre_c).max(1) / np.abs(pre_c).max()
     err = max([_rel(pre_g, pre_c)] + [_rel(g, c) for g, c in zip(dec_g, dec_c)])
     ref = max([_rel(pre_s, pre_c)] + [_rel(g, c) for g, c in zip(dec_s, dec_c)])

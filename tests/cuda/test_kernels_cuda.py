@@ -3,7 +3,8 @@
 Builds native/kernels/cuda/bench/gpu_bench with nvcc for this machine's GPU and runs its
 validation (`--quick`): the activation quantiser bit for bit against the CPU's, the NVFP4 and
 W4A8 GEMVs against the CPU scalar kernels (sampled rows, batch 1..8, padded K), paged decode
-attention over f16 and NVFP4 pages against a float64 softmax, RMSNorm / RoPE / SiLU-mul, and
+attention over f16, NVFP4, NVFP4R and K8V4 pages against a float64 softmax, prefill attention (the f32 paged
+kernel and the tensor-core one, with and without the chunk's own rows unrounded) against float64, RMSNorm / RoPE / SiLU-mul, and
 the fused quantise + GEMV kernels, and the launchers' refusal of unsupported shapes. Skipped where there is no nvcc or no GPU (CI).
 Set KVDECK_GPU_BENCH to a built gpu_bench to skip the build.
 """
@@ -58,7 +59,14 @@ def test_every_check_passes(validation):
     ("act_q8", 18), ("nvfp4_dp4a vs cpu", 18), ("nvfp4_f16", 18), ("w4a8 vs cpu", 18), ("w4a8 pdl vs cpu", 18),
     ("nvfp4_posneg vs cpu", 3), ("nvfp4 q8fused vs cpu", 3), ("w4a8 q8fused vs cpu", 3),
     ("attn_f16 vs", 6), ("attn_nvfp4 vs", 6), ("attn_f16_simt", 6), ("attn_nvfp4_simt", 6),
-    ("attn_f16_mma", 6), ("attn_nvfp4_mma", 6), ("attn_nvfp4_hqk", 6), ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
+    ("attn_f16_mma", 6), ("attn_nvfp4_mma", 6), ("attn_nvfp4_hqk", 6), ("attn_nvfp4_pair", 6),
+    ("attn_nvfp4r vs", 6), ("attn_nvfp4r_mma", 6), ("attn_k8v4 vs", 6), ("attn_k8v4_mma", 6),
+    ("attn_prefill_f16_paged", 3), ("attn_prefill_f16_mma vs", 3), ("attn_prefill_f16_mma16", 3),
+    ("attn_prefill_f16_fresh_paged", 2), ("attn_prefill_f16_fresh_mma vs", 2), ("attn_prefill_f16_fresh_mma16", 2),
+    ("attn_prefill_nvfp4_paged", 3), ("attn_prefill_nvfp4_mma vs", 3), ("attn_prefill_nvfp4_mma16", 3),
+    ("attn_prefill_nvfp4_fresh_paged", 2), ("attn_prefill_nvfp4_fresh_mma vs", 2),
+    ("attn_prefill_nvfp4_fresh_mma16", 2),
+    ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
 ])
 def test_each_kernel_was_checked(validation, name, count):
     """Every kernel ran its checks (a kernel that silently skipped would not be listed)."""

@@ -319,8 +319,8 @@ cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, con
                              const int32_t* rope_pos, const float* rope_inv) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): NVFP4 pages run fastest on the tensor cores, f16 pages
-  // (memory-bound) on the f32 SIMT kernel
-  if (kv.format == KvFormat::NVFP4)
+  // (memory-bound) on the f32 SIMT kernel; NVFP4R / K8V4 have only the tensor-core kernel
+  if (kv.format == KvFormat::NVFP4 || kv.format == KvFormat::NVFP4R || kv.format == KvFormat::K8V4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
                                         fresh_v, rope_pos, rope_inv);
   return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v,

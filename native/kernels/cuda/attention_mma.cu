@@ -1,6 +1,8 @@
 // attention_mma.cu — paged decode attention on the tensor cores (mma.sync m16n8k16, f16 in,
 // f32 accumulate; sm_80+, so Orin and Hopper). Same grid, splits, workspace and combine as
-// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma).
+// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma). Every pool format
+// but f32: f16, NVFP4, and NVFP4R / K8V4 (K int8 as exact f16; the f16 row scales applied to
+// the scores (K) and to P before its f16 rounding (V, times 256, undone in the epilogue)).
 //
 // Per warp and chunk of 16 tokens:
 //   S  = Q K^T   two m16n8 tiles (rows: the G query heads, padded to 16; columns: 8 tokens),
@@ -16,6 +18,7 @@
 #include <cstdint>
 
 #include "attention_impl.cuh"
+#include "attention_mma_rows.cuh"
 #include "common.cuh"
 #include "kernels_cuda.h"
 
@@ -26,117 +29,42 @@ using namespace detail;
 namespace {
 
 // =====================================================================================
-// MMA, half2 helpers, loads
+// MMA (the rows, their loads and f16 conversion: attention_mma_rows.cuh)
 // =====================================================================================
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
+#ifdef KVDECK_CUDA_EMU  // bench/emu/emu.h
+  emu::mma16816(c, a0, a1, a2, a3, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t h2bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 bits2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-
-// An E4M3 byte as an exact f16 (the /256 bit placement, then x256, exact in f16).
-__device__ __forceinline__ __half2 e4m3_h2(uint32_t b) {
-  const uint32_t h = ((b & 0x7Fu) << 7) | ((b & 0x80u) << 8);
-  return __hmul2(bits2h(h | (h << 16)), __float2half2_rn(256.0f));
-}
-
-// Raw bytes of the lane's K segment (N32 u32 words of f16 pairs or E2M1 codes) and V rows.
-template <KvFormat F, int D>
-struct KvRegs {
-  static constexpr int KW = F == KvFormat::F16 ? D / 8 : D / 32;   // u32 per K segment (D/4 values)
-  static constexpr int VW = F == KvFormat::F16 ? D / 16 : D / 64;  // u32 per V slice (D/8 values)
-  uint32_t k[2][KW], ks[2];   // tiles 0, 1: token g and g + 8; ks: scale bytes (NVFP4)
-  uint32_t v[4][VW], vs[4];   // rows 2t, 2t+1, 2t+8, 2t+9
-};
-
-template <KvFormat F, int D>
-__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, int n) {
-  if constexpr (F == KvFormat::F16) {  // 16-byte aligned
-    for (int i = 0; i < n; i += 4) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
-      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
-    }
-  } else if constexpr (D == 128) {     // NVFP4 rows of 72 bytes: 8-byte aligned
-    for (int i = 0; i < n; i += 2) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i / 2);
-      w[i] = v.x, w[i + 1] = v.y;
-    }
-  } else {                             // 36-byte rows: 4-byte aligned
-    for (int i = 0; i < n; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
-  }
-}
-
-template <KvFormat F, int D>
-__device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, size_t row0,
-                                           int n_kv, int g_kv, int valid, int gid, int tig) {
-  using R = KvRegs<F, D>;
-  constexpr size_t kRow = F == KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16;
-  auto row_off = [&](int j) { return ((row0 + size_t(min(j, valid - 1))) * n_kv + g_kv) * kRow; };
-#pragma unroll
-  for (int tile = 0; tile < 2; ++tile) {
-    const uint8_t* p = kb + row_off(gid + 8 * tile);
-    if constexpr (F == KvFormat::F16) {
-      load_words<F, D>(p + tig * (D / 4) * 2, r.k[tile], R::KW);
-      r.ks[tile] = 0;
-    } else {
-      load_words<F, D>(p + tig * (D / 8), r.k[tile], R::KW);
-      r.ks[tile] = D == 128 ? __ldg(reinterpret_cast<const uint16_t*>(p + D / 2) + tig) : __ldg(p + D / 2 + tig);
-    }
-  }
-  const int rows[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint8_t* p = vb + row_off(rows[i]);
-    if constexpr (F == KvFormat::F16) {
-      load_words<F, D>(p + gid * (D / 8) * 2, r.v[i], R::VW);
-      r.vs[i] = 0;
-    } else {
-      load_words<F, D>(p + gid * (D / 16), r.v[i], R::VW);
-      r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
-    }
-  }
-}
-
-// A lane's values as half2 (n2 of them): f16 words as they are; NVFP4 codes decoded, times the
-// scale of each 16-value block (exact).
-template <KvFormat F>
-__device__ __forceinline__ void to_half2(const uint32_t* w, int nw, uint32_t scales, uint32_t* h) {
-  if constexpr (F == KvFormat::F16) {
-    for (int i = 0; i < nw; ++i) h[i] = w[i];
-  } else {
-    for (int i = 0; i < nw; ++i) {
-      uint32_t q[4];
-      e2m1x8_to_half2x4(w[i], q);
-      const __half2 s = e4m3_h2((scales >> (8 * (i / 2))) & 0xFFu);  // words 2b, 2b+1: block b
-#pragma unroll
-      for (int j = 0; j < 4; ++j) h[4 * i + j] = h2bits(__hmul2(bits2h(q[j]), s));
-    }
-  }
+#endif
 }
 
 // =====================================================================================
 // Split kernel on the tensor cores
 // =====================================================================================
 
-template <KvFormat F, int D, int G>
+// PAIR: chunks of 16 tokens per softmax step (2: the S of 32 tokens before one max / rescale,
+// twice the independent work per warp, at 3 blocks per SM).
+template <KvFormat F, int D, int G, int PAIR>
 #ifndef KVDECK_ATTN_MMA_MINB
 #define KVDECK_ATTN_MMA_MINB 4
 #endif
-__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? KVDECK_ATTN_MMA_MINB : 3)  // 16 / 12 warps per SM
+__global__ void __launch_bounds__(kAttnWarps * 32, PAIR == 1 && F == KvFormat::NVFP4 ? KVDECK_ATTN_MMA_MINB : 3)  // 16 / 12 warps per SM
 attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                 const int32_t* __restrict__ pages, int block, int n_kv, const float* __restrict__ q,
                 const int32_t* __restrict__ ctx_dev, int split, int n_splits, int n_pt, float scale_log2,
                 float* __restrict__ ws) {
   using R = KvRegs<F, D>;
   constexpr int KS = D / 16;  // k slices of S; also m tiles of O^T
-  constexpr bool kPrefetch = F == KvFormat::NVFP4;
+  constexpr bool kPrefetch = F != KvFormat::F16;
+  constexpr bool kRS = Fmt<F>::kRowScale;
+  constexpr float kPv = kRS ? 256.0f : 1.0f;  // P x V row scale x 256 keeps small products normal in f16
   constexpr bool kQSplit = false;  // Q as f16 hi + lo (f32-level scores) costs 16 registers
   const int g_kv = blockIdx.x, sp = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
@@ -170,86 +98,132 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 
   float oc[KS][4] = {};             // O^T tiles: (d rows, head columns 2t, 2t+1)
   float m = -INFINITY, l = 0.0f;    // softmax state of head gid (l: this lane's tokens)
-  R cur, nxt;
+  constexpr int STEP = 16 * PAIR;
+  R cur[PAIR], nxt[PAIR];
   auto load = [&](int t0, R& r) {
+    if (t0 >= w_end) t0 -= 16;  // a pair's second chunk past the end: re-read the first (masked)
     const int pg = __shfl_sync(0xffffffffu, my_page, min(t0 / block - p_first, 31));
     load_chunk<F, D>(r, kbase, vbase, size_t(pg) * block + t0 % block, n_kv, g_kv, w_end - t0, gid, tig);
   };
-  if (w_begin < w_end) load(w_begin, cur);
-  for (int t0 = w_begin; t0 < w_end; t0 += 16) {
-    if (kPrefetch && t0 + 16 < w_end) load(t0 + 16, nxt);
-    // ---- S = Q K^T for tokens t0 + [0, 8) and t0 + [8, 16) ------------------------------
+  auto load_step = [&](int t0, R (&r)[PAIR]) {
+#pragma unroll
+    for (int c = 0; c < PAIR; ++c) load(t0 + 16 * c, r[c]);
+  };
+  if (w_begin < w_end) load_step(w_begin, cur);
+  for (int t0 = w_begin; t0 < w_end; t0 += STEP) {
+    if (kPrefetch && t0 + STEP < w_end) load_step(t0 + STEP, nxt);
+    // ---- S = Q K^T for tokens t0 + 16 c + [0, 8) and + [8, 16) ------------------------------
     // two accumulator chains per tile (even / odd slices) halve the dependent MMA latency
-    float s[2][4] = {}, s2[2][4] = {};
+    float s[PAIR][2][4];
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
+    for (int c = 0; c < PAIR; ++c) {
+      float s2[2][4] = {};
 #pragma unroll
-      for (int wi = 0; wi < R::KW; ++wi) {  // one word: f16 1 half2 (half a slice); NVFP4 4 half2
-        uint32_t kh[F == KvFormat::F16 ? 1 : 4];
-        to_half2<F>(&cur.k[tile][wi], 1, F == KvFormat::F16 ? 0u : (cur.ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
-        if constexpr (F == KvFormat::F16) {
-          if (wi % 2 == 1) {
-            const int j = wi / 2;
-            float (&acc)[4] = j % 2 ? s2[tile] : s[tile];
-            mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, cur.k[tile][wi - 1], kh[0]);
-            if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, cur.k[tile][wi - 1], kh[0]);
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[c][tile][e] = 0.f;
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int wi = 0; wi < R::KW; ++wi) {  // one word: f16 1 half2 (half a slice); NVFP4 4 half2
+          if constexpr (Fmt<F>::kK8) {  // one word: 4 int8 = one slice
+            uint32_t kh[2];
+            i8x4_to_half2x2(cur[c].k[tile][wi], kh);
+            float (&acc)[4] = wi % 2 ? s2[tile] : s[c][tile];
+            mma16816(acc, qhi[wi][0], 0u, qhi[wi][1], 0u, kh[0], kh[1]);
+            continue;
           }
-        } else {
+          uint32_t kh[F == KvFormat::F16 ? 1 : 4];
+          to_half2<F>(&cur[c].k[tile][wi], 1, F == KvFormat::F16 ? 0u : (cur[c].ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
+          if constexpr (F == KvFormat::F16) {
+            if (wi % 2 == 1) {
+              const int j = wi / 2;
+              float (&acc)[4] = j % 2 ? s2[tile] : s[c][tile];
+              mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, cur[c].k[tile][wi - 1], kh[0]);
+              if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, cur[c].k[tile][wi - 1], kh[0]);
+            }
+          } else {
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * wi + jj;
-            float (&acc)[4] = jj ? s2[tile] : s[tile];
-            mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
-            if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
+            for (int jj = 0; jj < 2; ++jj) {
+              const int j = 2 * wi + jj;
+              float (&acc)[4] = jj ? s2[tile] : s[c][tile];
+              mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
+              if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
+            }
           }
         }
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[c][tile][e] += s2[tile][e];
+      if constexpr (kRS) {  // K row scales of the columns' tokens 2t, 2t+1 (tile 0) and 2t+8, 2t+9
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile) {
+          const float2 r = __half22float2(bits2h(cur[c].rk[tile]));
+          s[c][tile][0] *= r.x, s[c][tile][1] *= r.y;
+        }
       }
-#pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[tile][e] += s2[tile][e];
-    // ---- online softmax of head gid over the chunk's 16 tokens (4 per lane) -------------
+    }
+    // ---- online softmax of head gid over the step's 16 PAIR tokens (4 PAIR per lane) ------------
     float cm = m;
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
+    for (int c = 0; c < PAIR; ++c)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (t0 + 8 * tile + 2 * tig + e >= w_end) s[tile][e] = -INFINITY;
-        cm = fmaxf(cm, s[tile][e]);
-      }
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (t0 + 16 * c + 8 * tile + 2 * tig + e >= w_end) s[c][tile][e] = -INFINITY;
+          cm = fmaxf(cm, s[c][tile][e]);
+        }
     cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
     cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
     const float ref = cm == -INFINITY ? 0.0f : cm;
     const float alpha = exp2f(m - ref);
-    float p[2][2];
+    float p[PAIR][2][2];
     float psum = 0.0f;
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
+    for (int c = 0; c < PAIR; ++c)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) psum += (p[tile][e] = gid < G ? exp2f(s[tile][e] - ref) : 0.0f);
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) psum += (p[c][tile][e] = gid < G ? exp2f(s[c][tile][e] - ref) : 0.0f);
     l = l * alpha + psum;
     m = cm;
     // ---- O^T = O^T * alpha + V^T P^T -------------------------------------------------------
     const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * tig), a1 = __shfl_sync(0xffffffffu, alpha, 8 * tig + 4);
-    const uint32_t pb0 = h2bits(__floats2half2_rn(p[0][0], p[0][1]));  // tokens 2t, 2t+1 of head gid
-    const uint32_t pb1 = h2bits(__floats2half2_rn(p[1][0], p[1][1]));  // tokens 2t+8, 2t+9
 #pragma unroll
     for (int i = 0; i < KS; ++i) oc[i][0] *= a0, oc[i][2] *= a0, oc[i][1] *= a1, oc[i][3] *= a1;
 #pragma unroll
-    for (int wi = 0; wi < R::VW; ++wi) {  // rows 2t, 2t+1, 2t+8, 2t+9: one word each
-      constexpr int NH = F == KvFormat::F16 ? 1 : 4;
-      uint32_t vh[4][NH];
+    for (int c = 0; c < PAIR; ++c) {
+      float2 rv0 = make_float2(kPv, kPv), rv1 = rv0;  // V row scales (x 256) of tokens 2t, 2t+1 / 2t+8, 2t+9
+      if constexpr (kRS) {
+        rv0 = __half22float2(bits2h(cur[c].rv[0])), rv1 = __half22float2(bits2h(cur[c].rv[1]));
+        rv0.x *= kPv, rv0.y *= kPv, rv1.x *= kPv, rv1.y *= kPv;
+      }
+      const uint32_t pb0 = h2bits(kRS ? __floats2half2_rn(p[c][0][0] * rv0.x, p[c][0][1] * rv0.y)
+                                      : __floats2half2_rn(p[c][0][0], p[c][0][1]));  // tokens 2t, 2t+1 of head gid
+      const uint32_t pb1 = h2bits(kRS ? __floats2half2_rn(p[c][1][0] * rv1.x, p[c][1][1] * rv1.y)
+                                      : __floats2half2_rn(p[c][1][0], p[c][1][1]));  // tokens 2t+8, 2t+9
 #pragma unroll
-      for (int r = 0; r < 4; ++r) to_half2<F>(&cur.v[r][wi], 1, cur.vs[r], vh[r]);
+      for (int wi = 0; wi < R::VW; ++wi) {  // rows 2t, 2t+1, 2t+8, 2t+9: one word each
+        constexpr int NH = F == KvFormat::F16 ? 1 : 4;
+        uint32_t vh[4][NH];
 #pragma unroll
-      for (int jj = 0; jj < NH; ++jj) {
-        const int i = NH * wi + jj;  // m tile: rows d = g D/8 + 2i (a0, a2) and + 2i + 1 (a1, a3)
-        mma16816(oc[i], prmt(vh[0][jj], vh[1][jj], 0x5410u), prmt(vh[0][jj], vh[1][jj], 0x7632u),
-                 prmt(vh[2][jj], vh[3][jj], 0x5410u), prmt(vh[2][jj], vh[3][jj], 0x7632u), pb0, pb1);
+        for (int r = 0; r < 4; ++r) to_half2<F>(&cur[c].v[r][wi], 1, cur[c].vs[r], vh[r]);
+#pragma unroll
+        for (int jj = 0; jj < NH; ++jj) {
+          const int i = NH * wi + jj;  // m tile: rows d = g D/8 + 2i (a0, a2) and + 2i + 1 (a1, a3)
+          mma16816(oc[i], prmt(vh[0][jj], vh[1][jj], 0x5410u), prmt(vh[0][jj], vh[1][jj], 0x7632u),
+                   prmt(vh[2][jj], vh[3][jj], 0x5410u), prmt(vh[2][jj], vh[3][jj], 0x7632u), pb0, pb1);
+        }
       }
     }
-    if constexpr (kPrefetch) cur = nxt;
-    else if (t0 + 16 < w_end) load(t0 + 16, cur);
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int c = 0; c < PAIR; ++c) cur[c] = nxt[c];
+    } else if (t0 + STEP < w_end) {
+      load_step(t0 + STEP, cur);
+    }
   }
   pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -280,7 +254,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
       lsum += c * sl[w][h];
     }
     float* dst = ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2);
-    dst[d] = acc;
+    dst[d] = acc * (1.0f / kPv);
     if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
   }
 }
@@ -289,14 +263,14 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 // Launchers
 // =====================================================================================
 
-template <KvFormat F, int D>
+template <KvFormat F, int D, int PAIR = 1>
 cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx, int split,
                        int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
 #define KVDECK_MMA_CASE(GG)                                                                          \
   case GG:                                                                                           \
-    return launch_kernel(attn_mma_kernel<F, D, GG>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
+    return launch_kernel(attn_mma_kernel<F, D, GG, PAIR>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
                          kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_MMA_CASE(1)
@@ -315,12 +289,12 @@ cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, cons
 
 }  // namespace
 
-namespace detail {
+namespace {
 
-cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                                 const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
-                                 const float* rope_inv) {
+template <int PAIR>
+cudaError_t decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev, int max_ctx,
+                       float scale, float* workspace, float* out, cudaStream_t stream, const float* fresh_k,
+                       const float* fresh_v, const int32_t* rope_pos, const float* rope_inv) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
@@ -328,17 +302,41 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
   const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;
   cudaError_t err;
-  if (kv.format == KvFormat::F16)
+  if (kv.format == KvFormat::F16 && PAIR == 1)
     err = kv.D == 128 ? launch_mma<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
                       : launch_mma<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else if (kv.format == KvFormat::NVFP4)
-    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_mma<KvFormat::NVFP4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128, PAIR>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4, 64, PAIR>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::NVFP4R && PAIR == 1)
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4R, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::K8V4 && PAIR == 1)
+    err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::K8V4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
+}
+
+}  // namespace
+
+namespace detail {
+
+cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
+                                 const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
+                                 const float* rope_inv) {
+  return decode_mma<1>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
+                       rope_inv);
+}
+
+cudaError_t attention_decode_mma_pair(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                      int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
+  return decode_mma<2>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, nullptr, nullptr, nullptr,
+                       nullptr);
 }
 
 }  // namespace detail

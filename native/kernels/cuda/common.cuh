@@ -10,9 +10,13 @@ namespace kvdeck::cuda::detail {
 // prmt.b32 in its generic mode. Selector nibbles must have bit 3 clear (bit 3 would select
 // sign replication); only the low 16 bits of s are read.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef KVDECK_CUDA_EMU  // bench/emu/emu.h: the kernels' source run on a CPU
+  return emu::prmt(a, b, s);
+#else
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
   return r;
+#endif
 }
 
 // 8 four-bit codes q (element i in bits [4i, 4i+4)) through a signed 16-entry byte table

@@ -208,7 +208,8 @@ cudaError_t gemv_m1_config(int fmt, int R, int U, bool pipelined, const uint8_t*
 // KV of one layer as kv_pool.h stores it: K and V [n_pages, block, n_kv, row], where row is
 // one head's D values: F16: f16 [D]; NVFP4: u8 codes [D/2] then u8 E4M3 scales [D/16]
 // (tensor scale 1). Token t of the sequence lives in page pages[t / block], slot t % block.
-enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2 };  // the values of kvdeck::KvDType
+enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2, NVFP4R = 3, K8V4 = 4 };  // the values of kvdeck::KvDType
+// (NVFP4R / K8V4: the row layouts of kv_pool.h, tensor-core kernel only)
 
 struct PagedKv {
   const void* k = nullptr;          // device: [n_pages, block, n_kv, row]
@@ -242,7 +243,7 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 // dequantising NVFP4 rows in registers; a second kernel merges the splits. f16 pages run on
 // f32 SIMT cores (relative error ~1e-6); NVFP4 pages on the tensor cores
 // (detail::attention_decode_mma: q and p rounded to f16, ~5e-4 relative), the faster of the
-// two measured on the H200 for each format.
+// two measured on the H200 for each format; NVFP4R / K8V4 pages on the tensor cores too.
 //   q: f32 [n_heads, D] (roped);  out: f32 [n_heads, D];  ctx >= 1 (a device int so that a
 //   CUDA graph can replay it: ctx_dev[0]); max_ctx bounds ctx and sizes the grid and
 //   workspace (attn_workspace_floats(n_heads, max_ctx, D) floats).
@@ -274,6 +275,10 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                                  const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
+// attention_decode_mma for NVFP4 pages with two 16-token chunks per softmax step (the measured
+// alternative, gpu_bench attn_nvfp4_pair). Same arguments and results; f16 pages: invalid.
+cudaError_t attention_decode_mma_pair(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                      int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
 }  // namespace detail
 
 // =====================================================================================
@@ -352,6 +357,16 @@ cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages
                             int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
                             float scale, float* out, cudaStream_t stream, int max_ctx = 0, float* ws = nullptr,
                             const float* fresh_k = nullptr, const float* fresh_v = nullptr, int fresh_ld = 0);
+// Causal prefill attention of M queries over f16 / NVFP4 pages on the tensor cores
+// (attention_prefill.cu): the arguments of attention_paged (q row stride ldq, pos: device i32
+// [M], out f32 [M, n_heads*D] packed, fresh_k / fresh_v as there), kv.format F16 / NVFP4,
+// kv.pages covering every pos[m]. Any G = n_heads / n_kv. q and p are rounded to f16 (q_split:
+// q as f16 hi + lo, f32-level scores), fresh rows are rounded to f16; accumulation in f32.
+// Returns cudaErrorNotSupported (nothing launched) for what it does not take: D not 64 / 128,
+// other formats, unaligned q / pages / fresh rows; attention_paged covers those.
+cudaError_t attention_prefill(const PagedKv& kv, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
+                              float scale, float* out, cudaStream_t stream, const float* fresh_k = nullptr,
+                              const float* fresh_v = nullptr, int fresh_ld = 0, bool q_split = true);
 // out[0] = the first index of max(x[0..n)) (numpy.argmax), one block.
 cudaError_t argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
 

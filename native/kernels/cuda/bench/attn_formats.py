@@ -2,6 +2,13 @@
 own row unrounded (attention_fresh): µs per layer, KV GB/s, time over f16's at the same context.
 
     python3 native/kernels/cuda/bench/attn_formats.py [--ctx 4096,16384,32768] [--reps 7]
+    python3 native/kernels/cuda/bench/attn_formats.py --prefill [--p0 0,4096] [--m 512]
+
+nvfp4r / k8v4 rows are timed twice: the default (paged) kernel and the opt-in tensor-core
+split kernel (KVDECK_CUDA_ATTN_ROWSCALE=mma, column "kernel").
+--prefill: M new queries at p0 (f16 / nvfp4 pages, nvfp4 with its own rows unrounded as the
+engine runs it) on the opt-in tensor-core prefill kernel (KVDECK_CUDA_ATTN_PREFILL=mma) against
+the default f32 kernel, interleaved, same backend build.
 
 One layer of Llama-3-8B (32 q heads, 8 KV heads, D 128, pages of 16) through
 BackendOps.attention_timing: `layers` pools, each its own memory (>= 256 MB of KV in all, past
@@ -12,6 +19,7 @@ passes over layers. Launch-inclusive (each layer is 2-3 launches), so the kernel
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from app.engine import _native
@@ -22,30 +30,69 @@ def kv_bytes(kv: str, D: int) -> int:
     return {"f32": 8 * D, "f16": 4 * D, "nvfp4": 2 * nv, "nvfp4r": 2 * (nv + 2), "k8v4": D + 2 + nv + 2}[kv]
 
 
+def backend(**env: str):
+    """A CUDA backend created under `env` (the kernel switches are read at creation)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _native.BackendOps("cuda", 0)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def prefill(a) -> int:
+    nh, nkv, D = 32, 8, 128
+    old = backend(KVDECK_CUDA_ATTN_PREFILL="paged")
+    new = backend(KVDECK_CUDA_ATTN_PREFILL="mma")
+    print(f"{'kv':<8}{'fresh':<7}{'M':>5}{'p0':>6} {'mma us':>9} {'paged us':>9} {'speed-up':>9}")
+    for p0 in (int(x) for x in a.p0.split(",")):
+        for kv, fresh in (("f16", False), ("nvfp4", True)):
+            layers = 8
+            best = {}
+            for _ in range(2):  # interleaved: new, old, new, old
+                for name, ops in (("mma", new), ("paged", old)):
+                    secs, _ = ops.attention_timing(nh, nkv, D, p0, a.m, kv=kv, layers=layers, repeat=a.reps,
+                                                   fresh=fresh)
+                    best[name] = min(best.get(name, 1e9), min(secs) / layers * 1e6)
+            print(f"{kv:<8}{'yes' if fresh else 'no':<7}{a.m:>5}{p0:>6} {best['mma']:>9.1f} {best['paged']:>9.1f} "
+                  f"{best['paged'] / best['mma']:>8.1f}x", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", default="4096,16384,32768")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--formats", default="f16,nvfp4,nvfp4r,k8v4")
+    ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--p0", default="0,4096")
+    ap.add_argument("--m", type=int, default=512)
     a = ap.parse_args()
-    ops = _native.BackendOps("cuda", 0)
+    if a.prefill:
+        return prefill(a)
+    kernels = {"default": backend(KVDECK_CUDA_ATTN_ROWSCALE="paged"), "mma": backend(KVDECK_CUDA_ATTN_ROWSCALE="mma")}
     nh, nkv, D = 32, 8, 128
-    print(f"{'kv':<8}{'fresh':<7}{'ctx':>7} {'us/layer':>9} {'GB/s':>7} {'x f16':>6}")
+    print(f"{'kv':<8}{'fresh':<7}{'kernel':<9}{'ctx':>7} {'us/layer':>9} {'GB/s':>7} {'x f16':>6}")
     for ctx in (int(c) for c in a.ctx.split(",")):
         base = None
         for kv in a.formats.split(","):
             for fresh in (False, True):
                 if fresh and kv == "f16":
                     continue
-                per_layer = ctx * nkv * kv_bytes(kv, D)
-                layers = max(2, min(64, (256 << 20) // per_layer + 1))
-                secs, _ = ops.attention_timing(nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers, repeat=a.reps,
-                                               fresh=fresh)
-                us = min(secs) / layers * 1e6
-                if kv == "f16":
-                    base = us
-                print(f"{kv:<8}{'yes' if fresh else 'no':<7}{ctx:>7} {us:>9.1f} {per_layer / us / 1e3:>7.0f} "
-                      f"{us / base if base else float('nan'):>6.2f}", flush=True)
+                for kern in ("default", "mma") if kv in ("nvfp4r", "k8v4") else ("default",):
+                    per_layer = ctx * nkv * kv_bytes(kv, D)
+                    layers = max(2, min(64, (256 << 20) // per_layer + 1))
+                    secs, _ = kernels[kern].attention_timing(nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers,
+                                                             repeat=a.reps, fresh=fresh)
+                    us = min(secs) / layers * 1e6
+                    if kv == "f16":
+                        base = us
+                    print(f"{kv:<8}{'yes' if fresh else 'no':<7}{kern:<9}{ctx:>7} {us:>9.1f} "
+                          f"{per_layer / us / 1e3:>7.0f} {us / base if base else float('nan'):>6.2f}", flush=True)
     return 0
 
 

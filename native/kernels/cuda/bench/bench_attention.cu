@@ -21,6 +21,19 @@ struct AttnCase {
 
 size_t row_bytes(kc::KvFormat f, int D) { return f == kc::KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16; }
 
+// Any pool format (kv_pool.h): a K (v = false) or V row's bytes, and the CPU codec of it.
+size_t kv_bytes(kc::KvFormat f, int D, bool v) {
+  switch (f) {
+    case kc::KvFormat::F16: return size_t(D) * 2;
+    case kc::KvFormat::NVFP4: return size_t(D) / 2 + D / 16;
+    case kc::KvFormat::NVFP4R: return size_t(D) / 2 + D / 16 + 2;
+    default: return v ? size_t(D) / 2 + D / 16 + 2 : size_t(D) + 2;
+  }
+}
+const char* fmt_name(kc::KvFormat f) {
+  return f == kc::KvFormat::F16 ? "f16" : f == kc::KvFormat::NVFP4 ? "nvfp4" : f == kc::KvFormat::NVFP4R ? "nvfp4r" : "k8v4";
+}
+
 // Encode one row of D floats in the pool format (the CPU's codecs).
 void encode_row(kc::KvFormat f, const float* x, int D, uint8_t* row) {
   if (f == kc::KvFormat::F16) {
@@ -42,9 +55,10 @@ void decode_row(kc::KvFormat f, const uint8_t* row, int D, float* x) {
 
 void run_case(Options& o, const AttnCase& c) {
   const int B = 16, n_pages = (c.ctx + B - 1) / B, G = c.n_heads / c.n_kv;
-  const size_t row = row_bytes(c.fmt, c.D);
-  const size_t layer_bytes = size_t(n_pages) * B * c.n_kv * row;  // K or V of one layer
-  const char* fname = c.fmt == kc::KvFormat::F16 ? "f16" : "nvfp4";
+  const size_t rk = kv_bytes(c.fmt, c.D, false), rv = kv_bytes(c.fmt, c.D, true);
+  const size_t kbytes = size_t(n_pages) * B * c.n_kv * rk, vbytes = size_t(n_pages) * B * c.n_kv * rv;
+  const char* fname = fmt_name(c.fmt);
+  const auto dt = kvdeck::KvDType(int(c.fmt));
   Rng rng(1000 + c.ctx * 3 + int(c.fmt) + c.D);
 
   // page table: a shuffled permutation of the pool's pages
@@ -52,14 +66,16 @@ void run_case(Options& o, const AttnCase& c) {
   for (int i = 0; i < n_pages; ++i) pages[i] = i;
   for (int i = n_pages - 1; i > 0; --i) std::swap(pages[i], pages[rng.next() % uint64_t(i + 1)]);
   // K, V pools (host), filled token by token through the page table
-  std::vector<uint8_t> hk(layer_bytes, 0), hv(layer_bytes, 0);
+  std::vector<uint8_t> hk(kbytes, 0), hv(vbytes, 0);
   std::vector<float> xk(c.D), xv(c.D);
   for (int t = 0; t < c.ctx; ++t)
     for (int g = 0; g < c.n_kv; ++g) {
-      for (int i = 0; i < c.D; ++i) xk[i] = 4.0f * rng.uniform() - 2.0f, xv[i] = 4.0f * rng.uniform() - 2.0f;
-      const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row;
-      encode_row(c.fmt, xk.data(), c.D, &hk[off]);
-      encode_row(c.fmt, xv.data(), c.D, &hv[off]);
+      // rows of varied magnitude (the row scales of nvfp4r / k8v4 differ token to token)
+      const float amp = c.fmt == kc::KvFormat::NVFP4R || c.fmt == kc::KvFormat::K8V4 ? 0.25f + 4.0f * rng.uniform() : 1.0f;
+      for (int i = 0; i < c.D; ++i) xk[i] = amp * (4.0f * rng.uniform() - 2.0f), xv[i] = amp * (4.0f * rng.uniform() - 2.0f);
+      const size_t slot = (size_t(pages[t / B]) * B + t % B) * c.n_kv + g;
+      kvdeck::cpu::kv_encode_row(dt, false, xk.data(), c.D, &hk[slot * rk]);
+      kvdeck::cpu::kv_encode_row(dt, true, xv.data(), c.D, &hv[slot * rv]);
     }
   std::vector<float> q(size_t(c.n_heads) * c.D);
   for (auto& v : q) v = rng.normal();
@@ -72,9 +88,9 @@ void run_case(Options& o, const AttnCase& c) {
     std::vector<double> s(c.ctx);
     for (int g = 0; g < c.n_kv; ++g) {
       for (int t = 0; t < c.ctx; ++t) {
-        const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row;
-        decode_row(c.fmt, &hk[off], c.D, &kd[size_t(t) * c.D]);
-        decode_row(c.fmt, &hv[off], c.D, &vd[size_t(t) * c.D]);
+        const size_t slot = (size_t(pages[t / B]) * B + t % B) * c.n_kv + g;
+        kvdeck::cpu::kv_decode_row(dt, false, &hk[slot * rk], c.D, &kd[size_t(t) * c.D]);
+        kvdeck::cpu::kv_decode_row(dt, true, &hv[slot * rv], c.D, &vd[size_t(t) * c.D]);
       }
       for (int j = 0; j < G; ++j) {
         const int h = g * G + j;
@@ -93,13 +109,13 @@ void run_case(Options& o, const AttnCase& c) {
   }
 
   // device: `layers` copies of the layer so that timing rotates past L2
-  const int layers = c.time ? copies_for(o, 2.0 * layer_bytes) : 1;
+  const int layers = c.time ? copies_for(o, double(kbytes + vbytes)) : 1;
   std::vector<uint8_t*> dk(layers), dv(layers);
   for (int l = 0; l < layers; ++l) {
-    dk[l] = dalloc<uint8_t>(layer_bytes);
-    dv[l] = dalloc<uint8_t>(layer_bytes);
-    CK(cudaMemcpy(dk[l], hk.data(), layer_bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dv[l], hv.data(), layer_bytes, cudaMemcpyHostToDevice));
+    dk[l] = dalloc<uint8_t>(kbytes);
+    dv[l] = dalloc<uint8_t>(vbytes);
+    CK(cudaMemcpy(dk[l], hk.data(), kbytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv[l], hv.data(), vbytes, cudaMemcpyHostToDevice));
   }
   std::vector<int32_t> table(pages);
   table.resize((c.max_ctx + B - 1) / B, 0);  // the table covers max_ctx (contract)
@@ -138,10 +154,12 @@ void run_case(Options& o, const AttnCase& c) {
                     float* out, cudaStream_t st) {
     return kc::detail::attention_decode_mma(kv, q, nh, cx, mc, sc, ws, out, st);
   };
-  std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, nv ? 1e-3 : 1e-4},
-                               {std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4},
+  const bool simt = c.fmt == kc::KvFormat::F16 || nv;  // the SIMT kernel takes f16 / nvfp4 only
+  std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, c.fmt != kc::KvFormat::F16 ? 1e-3 : 1e-4},
                                {std::string("attn_") + fname + "_mma", mma, 1e-3}};
+  if (simt) vars.push_back({std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4});
   if (nv) vars.push_back({"attn_nvfp4_hqk", kc::detail::attention_decode_half_qk, 5e-3});
+  if (nv) vars.push_back({"attn_nvfp4_pair", kc::detail::attention_decode_mma_pair, 1e-3});
   for (const Variant& var : vars) {
     if (c.profile) break;
     CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison
@@ -153,7 +171,7 @@ void run_case(Options& o, const AttnCase& c) {
     std::snprintf(sh, sizeof sh, "ctx=%d/%d h=%d/%d D=%d", c.ctx, c.max_ctx, c.n_heads, c.n_kv, c.D);
     add_validation(var.name + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, var.bound);
     if (!c.time) continue;
-    const double bytes = 2.0 * double(c.ctx) * c.n_kv * row + 2.0 * q.size() * 4 + n_pages * 4.0;
+    const double bytes = double(c.ctx) * c.n_kv * (rk + rv) + 2.0 * q.size() * 4 + n_pages * 4.0;
     const double us = time_us(o, layers, [&](int l, cudaStream_t st) {
       var.fn(kv_of(l), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, st);
     });
@@ -172,7 +190,152 @@ void run_case(Options& o, const AttnCase& c) {
   CK(cudaFree(dws));
 }
 
+// ---- prefill: M new queries at p0.. over p0 cached tokens + their own (causal) --------------------
+
+struct PrefillCase {
+  int n_heads, n_kv, D, M, p0;
+  kc::KvFormat fmt;
+  bool fresh;     // the chunk's own rows read unrounded from f32 (attention_fresh)
+  bool validate;  // float64 reference (CPU time grows with M * ctx)
+  bool time;
+};
+
+void run_prefill(Options& o, const PrefillCase& c) {
+  const int B = 16, ctx = c.p0 + c.M, n_pages = (ctx + B - 1) / B, G = c.n_heads / c.n_kv, KD = c.n_kv * c.D;
+  const size_t row = row_bytes(c.fmt, c.D);
+  const size_t layer_bytes = size_t(n_pages) * B * c.n_kv * row;
+  const char* fname = c.fmt == kc::KvFormat::F16 ? "f16" : "nvfp4";
+  Rng rng(77 + c.M * 5 + c.p0 + int(c.fmt) + c.D + c.fresh);
+  std::vector<int32_t> pages(n_pages);
+  for (int i = 0; i < n_pages; ++i) pages[i] = i;
+  for (int i = n_pages - 1; i > 0; --i) std::swap(pages[i], pages[rng.next() % uint64_t(i + 1)]);
+  std::vector<float> kf(size_t(ctx) * KD), vf(kf.size()), q(size_t(c.M) * c.n_heads * c.D);
+  for (auto& x : kf) x = rng.normal();
+  for (auto& x : vf) x = rng.normal();
+  for (auto& x : q) x = rng.normal();
+  std::vector<uint8_t> hk(layer_bytes, 0), hv(layer_bytes, 0);
+  for (int t = 0; t < ctx; ++t)
+    for (int g = 0; g < c.n_kv; ++g) {
+      const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row;
+      encode_row(c.fmt, &kf[size_t(t) * KD + size_t(g) * c.D], c.D, &hk[off]);
+      encode_row(c.fmt, &vf[size_t(t) * KD + size_t(g) * c.D], c.D, &hv[off]);
+    }
+  const float scale = 1.0f / std::sqrt(float(c.D));
+  std::vector<double> ref(q.size(), 0.0);
+  if (c.validate) {  // rows as the pool decodes them (fresh: the own rows unrounded)
+    std::vector<float> kd(kf.size()), vd(vf.size());
+    for (int t = 0; t < ctx; ++t)
+      for (int g = 0; g < c.n_kv; ++g) {
+        const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row, i = size_t(t) * KD + size_t(g) * c.D;
+        if (c.fresh && t >= c.p0) {
+          std::copy(&kf[i], &kf[i] + c.D, &kd[i]);
+          std::copy(&vf[i], &vf[i] + c.D, &vd[i]);
+        } else {
+          decode_row(c.fmt, &hk[off], c.D, &kd[i]);
+          decode_row(c.fmt, &hv[off], c.D, &vd[i]);
+        }
+      }
+    std::vector<double> sc(ctx);
+    for (int m = 0; m < c.M; ++m)
+      for (int h = 0; h < c.n_heads; ++h) {
+        const int g = h / G, n = c.p0 + m + 1;
+        const float* qr = &q[(size_t(m) * c.n_heads + h) * c.D];
+        double mx = -1e300, sum = 0;
+        for (int t = 0; t < n; ++t) {
+          double a = 0;
+          const float* kr = &kd[size_t(t) * KD + size_t(g) * c.D];
+          for (int i = 0; i < c.D; ++i) a += double(qr[i]) * kr[i];
+          sc[t] = a * scale, mx = std::max(mx, sc[t]);
+        }
+        for (int t = 0; t < n; ++t) sum += (sc[t] = std::exp(sc[t] - mx));
+        double* o_ = &ref[(size_t(m) * c.n_heads + h) * c.D];
+        for (int t = 0; t < n; ++t) {
+          const float* vr = &vd[size_t(t) * KD + size_t(g) * c.D];
+          for (int i = 0; i < c.D; ++i) o_[i] += sc[t] / sum * vr[i];
+        }
+      }
+  }
+  const int layers = c.time ? copies_for(o, 2.0 * layer_bytes) : 1;
+  std::vector<uint8_t*> dk(layers), dv(layers);
+  for (int l = 0; l < layers; ++l) {
+    dk[l] = dalloc<uint8_t>(layer_bytes), dv[l] = dalloc<uint8_t>(layer_bytes);
+    CK(cudaMemcpy(dk[l], hk.data(), layer_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv[l], hv.data(), layer_bytes, cudaMemcpyHostToDevice));
+  }
+  std::vector<int32_t> posv(c.M);
+  for (int m = 0; m < c.M; ++m) posv[m] = c.p0 + m;
+  std::vector<float> fkh(size_t(c.M) * KD), fvh(fkh.size());
+  std::copy(kf.begin() + size_t(c.p0) * KD, kf.end(), fkh.begin());
+  std::copy(vf.begin() + size_t(c.p0) * KD, vf.end(), fvh.begin());
+  int32_t *dpages = dupload(pages), *dpos = dupload(posv);
+  float *dq = dupload(q), *dout = dalloc<float>(q.size());
+  float *dfk = dupload(fkh), *dfv = dupload(fvh);
+  const float* fk = c.fresh ? dfk : nullptr;
+  const float* fv = c.fresh ? dfv : nullptr;
+  const int ldq = c.n_heads * c.D;
+  struct Var {
+    std::string name;
+    std::function<cudaError_t(int, cudaStream_t)> fn;
+    double bound;
+  };
+  auto kv_of = [&](int l) {
+    kc::PagedKv kv;
+    kv.k = dk[l], kv.v = dv[l], kv.pages = dpages, kv.format = c.fmt, kv.block = B, kv.n_kv = c.n_kv, kv.D = c.D;
+    return kv;
+  };
+  const std::string base = std::string("attn_prefill_") + fname + (c.fresh ? "_fresh" : "");
+  std::vector<Var> vars = {
+      {base + "_paged", [&](int l, cudaStream_t st) {
+         return kc::attention_paged(int(c.fmt), dk[l], dv[l], dpages, B, c.n_kv, c.D, dq, ldq, c.M, c.n_heads, dpos,
+                                    scale, dout, st, 0, nullptr, fk, fv, KD);
+       }, 1e-5},
+      {base + "_mma", [&](int l, cudaStream_t st) {
+         return kc::attention_prefill(kv_of(l), dq, ldq, c.M, c.n_heads, dpos, scale, dout, st, fk, fv, KD, true);
+       }, 3e-3},
+      {base + "_mma16", [&](int l, cudaStream_t st) {
+         return kc::attention_prefill(kv_of(l), dq, ldq, c.M, c.n_heads, dpos, scale, dout, st, fk, fv, KD, false);
+       }, 5e-3}};
+  char sh[96];
+  std::snprintf(sh, sizeof sh, "M=%d p0=%d h=%d/%d D=%d", c.M, c.p0, c.n_heads, c.n_kv, c.D);
+  for (const Var& var : vars) {
+    if (c.validate) {
+      CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison
+      CK(var.fn(0, 0));
+      CK(cudaDeviceSynchronize());
+      const auto out = ddownload(dout, q.size());
+      const ErrStats e = compare(out.data(), ref.data(), out.size());
+      add_validation(var.name + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, var.bound);
+    }
+    if (c.time) {
+      const double bytes = double(layer_bytes) * 2 + 2.0 * q.size() * 4;
+      const double us = time_us(o, layers, [&](int l, cudaStream_t st) { var.fn(l, st); });
+      add_timing(o, var.name, sh, us, bytes);
+    }
+  }
+  for (int l = 0; l < layers; ++l) {
+    CK(cudaFree(dk[l]));
+    CK(cudaFree(dv[l]));
+  }
+  for (void* p : {static_cast<void*>(dpages), static_cast<void*>(dpos), static_cast<void*>(dq),
+                  static_cast<void*>(dout), static_cast<void*>(dfk), static_cast<void*>(dfv)})
+    CK(cudaFree(p));
+}
+
 }  // namespace
+
+void bench_prefill_attention(Options& o) {
+  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
+    // tails in M and in the 64-row / 64-token tiles, a cached prefix, fresh rows, SmolLM2's 9/3 at D 64
+    run_prefill(o, {32, 8, 128, 70, 0, f, false, true, false});
+    run_prefill(o, {32, 8, 128, 130, 300, f, true, true, false});
+    run_prefill(o, {32, 8, 128, 9, 1000, f, false, true, false});
+    run_prefill(o, {9, 3, 64, 45, 17, f, false, true, false});
+    run_prefill(o, {9, 3, 64, 100, 200, f, true, true, false});
+    if (o.quick) continue;
+    run_prefill(o, {32, 8, 128, 512, 0, f, f == kc::KvFormat::NVFP4, true, true});  // the 8B 512-token prefill
+    run_prefill(o, {32, 8, 128, 512, 4096, f, f == kc::KvFormat::NVFP4, false, true});
+  }
+}
 
 void profile_attention(Options& o) {
   for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
@@ -183,7 +346,8 @@ void profile_attention(Options& o) {
 }
 
 void bench_attention(Options& o) {
-  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
+  bench_prefill_attention(o);
+  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4, kc::KvFormat::NVFP4R, kc::KvFormat::K8V4}) {
     // short and ragged contexts, a grid sized for more than ctx, SmolLM2's 9/3 heads at D=64
     run_case(o, {32, 8, 128, 1, 1, f, false});
     run_case(o, {32, 8, 128, 17, 17, f, false});

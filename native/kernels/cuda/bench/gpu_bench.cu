@@ -236,16 +236,18 @@ void check_contracts() {
 int main(int argc, char** argv) {
   bench::Options o;
   const char* json = nullptr;
+  bool attn_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) o.quick = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else if (!std::strcmp(argv[i], "--attn")) attn_only = true;  // the attention rows only
     else if (!std::strcmp(argv[i], "--profile-attn")) {
       bench::profile_attention(o);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--json FILE] | --profile-attn\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--attn] [--reps N] [--json FILE] | --profile-attn\n", argv[0]);
       return 2;
     }
   }
@@ -255,9 +257,11 @@ int main(int argc, char** argv) {
               p.l2CacheSize >> 20);
   o.rotate_bytes = std::max<size_t>(o.rotate_bytes, size_t(p.l2CacheSize) * 4);
   if (!o.quick) o.copy_gbs = bench::measure_copy_gbs(o);
-  bench::check_contracts();
-  bench::bench_elementwise(o);
-  bench::bench_gemv(o);
+  if (!attn_only) {
+    bench::check_contracts();
+    bench::bench_elementwise(o);
+    bench::bench_gemv(o);
+  }
   bench::bench_attention(o);
   if (json) bench::write_json(o, json);
   int fails = 0, checks = 0;

@@ -163,7 +163,7 @@ def report(res: dict, tt: dict) -> dict:
     for ctx in (4096, 16384, 32768):
         f16 = recs.get(("attn_f16", f"ctx={ctx}"))
         for kern in ("attn_f16", "attn_nvfp4", "attn_f16_simt", "attn_f16_mma", "attn_nvfp4_simt",
-                     "attn_nvfp4_mma", "attn_nvfp4_hqk"):
+                     "attn_nvfp4_mma", "attn_nvfp4_hqk", "attn_nvfp4_pair", "attn_nvfp4r", "attn_k8v4"):
             r = recs.get((kern, f"ctx={ctx}"))
             if not r:
                 continue
@@ -230,7 +230,8 @@ def targets(s: dict) -> list[dict]:
                                 "value": f"{r['x_torch_fp16']:.2f}x", "met": r["x_torch_fp16"] >= 3.0})
     at32 = [r for r in s["attention"] if r["ctx"] == 32768]
     f16 = min((r for r in at32 if r["kernel"].startswith("attn_f16")), key=lambda r: r["us"], default=None)
-    nv = min((r for r in at32 if r["kernel"].startswith("attn_nvfp4")), key=lambda r: r["us"], default=None)
+    nv = min((r for r in at32 if r["kernel"] == "attn_nvfp4" or r["kernel"].startswith("attn_nvfp4_")),
+             key=lambda r: r["us"], default=None)
     if f16 and nv:
         ratio = nv["us"] / f16["us"]
         out.append({"what": "nvfp4-KV attention <= 0.45x the time of f16 KV at 32K (fastest kernel of each)",

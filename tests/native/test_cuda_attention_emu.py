@@ -1,0 +1,65 @@
+"""The tensor-core attention kernels' own CUDA source run on the CPU (no GPU needed).
+
+native/kernels/cuda/bench/emu/attn_emu.cpp compiles attention_prefill.cu and attention_mma.cu
+as host code through emu.h (threads of a block as OS threads, warp collectives — shuffles,
+mma.sync m16n8k16, ldmatrix — exchanged between warp barriers per the PTX ISA's fragment
+layouts) and checks them against a float64 softmax over the rows as the CPU codecs decode them:
+prefill over f16 / NVFP4 pages (fresh rows, q hi + lo and f16, row / token tile tails, a warp
+skipping a tile), the decode split kernel over f16, NVFP4 (one and two chunks per step), NVFP4R
+and K8V4. What this cannot show: timing, and faults only hardware raises (alignment, resources);
+tests/cuda runs the same kernels on a GPU. Skipped without g++ or the CUDA headers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cuda_home() -> Path | None:
+    for base in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+        if (Path(base) / "include" / "cuda_fp16.h").exists() and (Path(base) / "lib64" / "libcudart_static.a").exists():
+            return Path(base)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        base = Path(nvcc).resolve().parents[1]
+        if (base / "include" / "cuda_fp16.h").exists() and (base / "lib64" / "libcudart_static.a").exists():
+            return base
+    return None
+
+
+@pytest.fixture(scope="module")
+def emu_run(tmp_path_factory) -> str:
+    cuda, gxx = _cuda_home(), shutil.which("g++")
+    if cuda is None or gxx is None:
+        pytest.skip("needs g++ and the CUDA headers / libcudart_static")
+    exe = tmp_path_factory.mktemp("emu") / "attn_emu"
+    srcs = ["native/kernels/cuda/bench/emu/attn_emu.cpp", "native/kernels/cpu/kv_codec_cpu.cpp",
+            "native/kernels/cpu/f16_rows.cpp", "native/src/formats.cpp"]
+    cmd = [gxx, "-std=c++20", "-O0", "-w", "-DKVDECK_CUDA_EMU=1", f"-I{cuda}/include", "-Inative/include", "-Inative",
+           "-Inative/kernels/cuda", *srcs, f"-L{cuda}/lib64", "-lcudart_static", "-ldl", "-lrt", "-lpthread",
+           "-o", str(exe)]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=600)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    return r.stdout + r.stderr + f"\nrc={r.returncode}"
+
+
+def test_every_emulated_check_passes(emu_run):
+    fails = [ln for ln in emu_run.splitlines() if ln.startswith("FAIL")]
+    assert not fails and emu_run.rstrip().endswith("rc=0"), emu_run[-3000:]
+    m = re.search(r"^PASS: (\d+) of (\d+) checks passed", emu_run, re.M)
+    assert m and m.group(1) == m.group(2) == "15", emu_run[-2000:]
+
+
+@pytest.mark.parametrize("what", ["prefill f16 M", "prefill f16 q16", "prefill nvfp4 fresh", "prefill nvfp4 M",
+                                  "prefill f16 fresh", "decode f16", "decode nvfp4 ctx", "decode nvfp4 pair",
+                                  "decode nvfp4r", "decode k8v4"])
+def test_each_kernel_variant_was_checked(emu_run, what):
+    assert any(ln.startswith("PASS " + what) for ln in emu_run.splitlines()), emu_run[-2000:]
