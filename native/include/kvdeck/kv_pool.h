@@ -81,8 +81,9 @@ class KvPool {
   // ---- KPC4 staging: the open pages' unrounded rows -----------------------------------
   // A slot holds one page's rows of every layer, f32 K [L, block, nkv, D] then V the same.
   // Slots are taken on a page's first write and given back when the page is freed or, once
-  // the page is full in every layer (retire), at the first write of a later forward that does
-  // not touch it (its own queries, in the forward that filled it, still read it). Memory is
+  // the page is full in every layer (retire), when the forward that filled it ends (the Engine
+  // calls release_retired; its own queries read it until then), or after a cancelled forward
+  // at the first write of a later one that does not touch it again. Memory is
   // taken from the backend on demand and kept for reuse (never more slots than pages).
   // The bookkeeping is mutable: kv_write (backend.h) writes through a const pool; the
   // Engine's lock serialises every call.
