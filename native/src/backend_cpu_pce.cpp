@@ -44,29 +44,29 @@ void restage(const KvPool& pool, int page, float* slot) {
     }
 }
 
-// The f32 rows [0, n) of page j of a context, every head in [g0, g1): from the query's own
-// staged page (own) or decoded from the pool; rows n..15 zeroed. Into k / v [16, nkv, D].
+// The f32 rows [0, n) of a page, every head in [g0, g1): from the query's own staged page
+// (own) or decoded from the pool; rows n..15 zeroed. Head g's row t to k / v + t * ld + (g - g0) * D.
 void page_rows(const KvPool& pool, int layer, int page, const float* own, int n, int g0, int g1, float* k, float* v,
-               cpu::Kpc4DecodeFn kdec, cpu::Nvfp4RowsFn vdec) {
+               size_t ld, cpu::Kpc4DecodeFn kdec, cpu::Nvfp4RowsFn vdec) {
   const int nkv = pool.n_kv(), D = pool.head_dim();
   const size_t tok = size_t(nkv) * D;
   for (int g = g0; g < g1; ++g) {
-    float* kd = k + size_t(g) * D;
-    float* vd = v + size_t(g) * D;
+    float* kd = k + size_t(g - g0) * D;
+    float* vd = v + size_t(g - g0) * D;
     if (own) {
       const float* ks = own + size_t(g) * D;
       const float* vs = own + size_t(pool.n_layers()) * B * tok + size_t(g) * D;  // stage_v over stage_k
       for (int t = 0; t < n; ++t) {
-        std::memcpy(kd + t * tok, ks + t * tok, sizeof(float) * D);
-        std::memcpy(vd + t * tok, vs + t * tok, sizeof(float) * D);
+        std::memcpy(kd + t * ld, ks + t * tok, sizeof(float) * D);
+        std::memcpy(vd + t * ld, vs + t * tok, sizeof(float) * D);
       }
     } else {
-      kdec(k_head(pool, layer, page, g), D, n, kd, tok);
-      vdec(v_row(pool, layer, page, 0, g), tok / D * pool.v_row_bytes(), n, D, vd, tok);
+      kdec(k_head(pool, layer, page, g), D, n, kd, ld);
+      vdec(v_row(pool, layer, page, 0, g), tok / D * pool.v_row_bytes(), n, D, vd, ld);
     }
     for (int t = n; t < B; ++t) {
-      std::memset(kd + t * tok, 0, sizeof(float) * D);
-      std::memset(vd + t * tok, 0, sizeof(float) * D);
+      std::memset(kd + t * ld, 0, sizeof(float) * D);
+      std::memset(vd + t * ld, 0, sizeof(float) * D);
     }
   }
 }
@@ -129,34 +129,34 @@ void attention(ThreadPool& tp, State& st, const KvPool& pool, int layer, const f
     if (!pool.staged(pages[P]))
       throw std::logic_error("kpc4 attention: the queries' page " + std::to_string(pages[P]) + " is not staged");
   if (M == 1) {
-    // ---- decode: one task per segment (x KV head when segments are few) decodes its pages
-    // into the thread's buffer and runs the f32 segment kernel over them; partials combined.
+    // ---- decode: one task per (segment, KV head) decodes that head's rows of its pages into
+    // the thread's buffer (a one-head view: 2 x 16 pages x 16 x D floats, L2-resident) and runs
+    // the f32 segment kernel over them; partials combined in segment order.
     const int seg = cpu::attn_segment(B), S = (ctx + seg - 1) / seg, seg_pages = seg / B;
-    const int threads = int(st.thread_bufs.size());
     st.part.resize(size_t(nkv) * S * G * (D + 2));
     float* po = st.part.data();
     float* pm = po + size_t(nkv) * S * G * D;
     float* pl = pm + size_t(nkv) * S * G;
-    const int hs = S >= 2 * threads ? 1 : nkv;
     const float* own = pool.staged(pages[P1]);
-    tp.run(S * hs, [&](int task, int thread) {
-      const int s = task / hs, g0 = hs == 1 ? 0 : task % hs, g1 = hs == 1 ? nkv : g0 + 1;
+    const size_t head_page = size_t(B) * D;  // one head's page in the buffer
+    tp.run(S * nkv, [&](int task, int thread) {
+      const int s = task / nkv, g = task % nkv;
       const int t0 = s * seg, t1 = std::min(ctx, t0 + seg);
       const int first = t0 / B, np = (t1 - t0 + B - 1) / B;
-      float* kb = thread_buf(st, thread, 2 * seg_pages * page_floats + 2 * size_t(B) * D);
-      float* vb = kb + seg_pages * page_floats;
-      float* tile = vb + seg_pages * page_floats;
+      float* kb = thread_buf(st, thread, 2 * seg_pages * head_page + 2 * size_t(B) * D);
+      float* vb = kb + seg_pages * head_page;
+      float* tile = vb + seg_pages * head_page;
       thread_local std::vector<int32_t> lp;  // the segment's page table: lp[first + j] = j
       if (lp.size() < size_t(first + seg_pages)) lp.resize(first + seg_pages);
       for (int j = 0; j < np; ++j) {
         const int P = first + j, n = std::min(B, t1 - P * B);
         lp[first + j] = j;
-        page_rows(pool, layer, pages[P], P == P1 ? stage_k(pool, const_cast<float*>(own), layer) : nullptr, n, g0,
-                  g1, kb + j * page_floats, vb + j * page_floats, kdec, vdec);
+        page_rows(pool, layer, pages[P], P == P1 ? stage_k(pool, const_cast<float*>(own), layer) : nullptr, n, g,
+                  g + 1, kb + j * head_page, vb + j * head_page, size_t(D), kdec, vdec);
       }
-      const cpu::KvView view{kb, vb, KvDType::F32, B, nkv, D, lp.data()};
-      const size_t at = size_t(g0) * S + s;
-      cpu::attention_segment_heads(view, g0, g1, q + size_t(g0) * G * D, size_t(G) * D, G, t0, t1, scale,
+      const cpu::KvView view{kb, vb, KvDType::F32, B, 1, D, lp.data()};
+      const size_t at = size_t(g) * S + s;
+      cpu::attention_segment_heads(view, 0, 1, q + size_t(g) * G * D, size_t(G) * D, G, t0, t1, scale,
                                    po + at * G * D, size_t(S) * G * D, pm + at * G, pl + at * G, size_t(S) * G, tile);
     });
     for (int g = 0; g < nkv; ++g)
@@ -175,7 +175,7 @@ void attention(ThreadPool& tp, State& st, const KvPool& pool, int layer, const f
     const bool own = j >= n_rnd;
     const int P = own ? P0 + (j - n_rnd) : j, n = std::min(B, ctx - P * B);
     page_rows(pool, layer, pages[P], own ? stage_k(pool, pool.staged(pages[P]), layer) : nullptr, n, 0, nkv,
-              wk + j * page_floats, wv + j * page_floats, kdec, vdec);
+              wk + j * page_floats, wv + j * page_floats, tok, kdec, vdec);
   });
   st.tables.resize(size_t(n_own) * (P1 + 1));
   for (int i = 0; i < n_own; ++i) {

@@ -19,6 +19,8 @@ namespace kvdeck::cpu {
 constexpr int kPceTokens = 16;
 inline size_t kpc4_head_bytes(int D) { return size_t(D) * 10; }
 
+// E4M3 code -> f32 (float8_e4m3fn, e4m3_to_f32), a table built once: the decoders' lookups.
+const float* kpc4_e4m3_table();
 // The largest E4M3 value <= v, the smallest >= v (codes; v finite, saturating at ±448).
 uint8_t e4m3_at_or_below(double v);
 uint8_t e4m3_at_or_above(double v);

@@ -63,14 +63,26 @@ void kpc4_encode_page(const float* x, size_t ld, int D, uint8_t* dst) {
   }
 }
 
+const float* kpc4_e4m3_table() {
+  struct T {
+    float v[256];
+    T() {
+      for (int i = 0; i < 256; ++i) v[i] = e4m3_to_f32(uint8_t(i));
+    }
+  };
+  static const T t;
+  return t.v;
+}
+
 void kpc4_decode_page_ref(const uint8_t* src, int D, int n, float* dst, size_t ld) {
   const uint8_t* lo_b = src + size_t(kPceTokens) * D / 2;
   const uint8_t* st_b = lo_b + D;
+  const float* e4m3 = kpc4_e4m3_table();
   for (int t = 0; t < n; ++t) {
     const uint8_t* row = src + size_t(t) * D / 2;
     for (int c = 0; c < D; ++c) {
       const int code = (row[c / 2] >> (4 * (c & 1))) & 15;
-      dst[size_t(t) * ld + c] = std::fma(float(code), e4m3_to_f32(st_b[c]), e4m3_to_f32(lo_b[c]));
+      dst[size_t(t) * ld + c] = std::fma(float(code), e4m3[st_b[c]], e4m3[lo_b[c]]);
     }
   }
 }

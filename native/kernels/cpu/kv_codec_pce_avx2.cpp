@@ -19,7 +19,8 @@ void kpc4_decode_page_avx2(const uint8_t* src, int D, int n, float* dst, size_t 
   alignas(32) float lo[128], st[128];
   float* lop = D <= 128 ? lo : new float[2 * size_t(D)];
   float* stp = D <= 128 ? st : lop + D;
-  for (int c = 0; c < D; ++c) lop[c] = e4m3_to_f32(lo_b[c]), stp[c] = e4m3_to_f32(st_b[c]);
+  const float* e4m3 = kpc4_e4m3_table();
+  for (int c = 0; c < D; ++c) lop[c] = e4m3[lo_b[c]], stp[c] = e4m3[st_b[c]];
   const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i mask = _mm256_set1_epi32(15);
   for (int t = 0; t < n; ++t) {
