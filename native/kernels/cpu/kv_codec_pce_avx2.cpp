@@ -16,25 +16,24 @@ namespace kvdeck::cpu {
 void kpc4_decode_page_avx2(const uint8_t* src, int D, int n, float* dst, size_t ld) {
   const uint8_t* lo_b = src + size_t(kPceTokens) * D / 2;
   const uint8_t* st_b = lo_b + D;
-  alignas(32) float lo[128], st[128];
-  float* lop = D <= 128 ? lo : new float[2 * size_t(D)];
-  float* stp = D <= 128 ? st : lop + D;
   const float* e4m3 = kpc4_e4m3_table();
-  for (int c = 0; c < D; ++c) lop[c] = e4m3[lo_b[c]], stp[c] = e4m3[st_b[c]];
   const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i mask = _mm256_set1_epi32(15);
-  for (int t = 0; t < n; ++t) {
-    const uint8_t* row = src + size_t(t) * D / 2;
-    float* out = dst + size_t(t) * ld;
-    for (int c = 0; c < D; c += 8) {
+  for (int c = 0; c < D; c += 8) {  // 8 channels: their lo and step in registers for the page's rows
+    int64_t lw, sw;
+    std::memcpy(&lw, lo_b + c, 8);
+    std::memcpy(&sw, st_b + c, 8);
+    const __m256 lo = _mm256_i32gather_ps(e4m3, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(lw)), 4);
+    const __m256 st = _mm256_i32gather_ps(e4m3, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sw)), 4);
+    const uint8_t* row = src + c / 2;
+    float* out = dst + c;
+    for (int t = 0; t < n; ++t, row += D / 2, out += ld) {
       int32_t w;
-      std::memcpy(&w, row + c / 2, 4);
+      std::memcpy(&w, row, 4);
       const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shift), mask);
-      const __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(stp + c), _mm256_loadu_ps(lop + c));
-      _mm256_storeu_ps(out + c, x);
+      _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), st, lo));
     }
   }
-  if (D > 128) delete[] lop;
 }
 
 void nvfp4_rows_avx2(const uint8_t* src, size_t stride, int n, int D, float* dst, size_t ld) {
