@@ -88,3 +88,15 @@ def test_bench_kv_json(root, capsys):
     assert k8["x_f16_bytes"] == 0.40625 and 0.85 <= k8["top1_256"] <= 1.0
     assert k8["decode_tok_s_256"] > 0.5
     assert cli.main(["kv", "--formats", "f16,nvfp5"]) == 2
+
+
+def test_bench_kv_speed_json(root, capsys):
+    import json
+
+    from app.bench import cli
+
+    assert cli.main(["kv", "--speed", "--formats", "nvfp4,kpc4", "--ctx", "64", "--steps", "2", "--reps", "1",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["kv"] for r in out["speed"]] == ["nvfp4", "kpc4"]
+    assert all(r["ctx"] == 64 and r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 for r in out["speed"])
