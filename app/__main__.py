@@ -27,7 +27,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model name under the models folder, or a path (default smollm2-135m)")
     p.add_argument("--weights", choices=["nvfp4", "w4a8", "f16", "f32", "gguf"],
                    help="weight format (default nvfp4; gguf = the GGUF source's own 4/8-bit blocks, exactly)")
-    p.add_argument("--kv", choices=["f32", "f16", "nvfp4", "nvfp4r", "k8v4"], help="KV cache format (default f32; docs/ENGINE.md, KV formats)")
+    p.add_argument("--kv", choices=["f32", "f16", "nvfp4", "nvfp4r", "k8v4", "kpc4"], help="KV cache format (default f32; docs/ENGINE.md, KV formats)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="the engine's backend (default cpu; [engine] device)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")

@@ -5,7 +5,7 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     [engine]
     model = "smollm2-135m"    # a name under the models folder, or a path
     weights = "nvfp4"         # nvfp4 | w4a8 | f16 | f32
-    kv = "f32"                # f32 | f16
+    kv = "f32"                # f32 | f16 | nvfp4 | nvfp4r | k8v4 | kpc4 (docs/ENGINE.md, KV formats)
     threads = 0               # 0: all cores
     device = "cpu"            # cpu | cuda (a build with the CUDA backend, on a machine with a GPU)
     activations = "auto"      # auto | a8 | a16: activations of the integer matmuls; auto = a16 for gguf

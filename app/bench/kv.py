@@ -11,8 +11,15 @@ prefill chunk), so no [T, vocab] logits array is ever held.
 Every position reads its context from the pages (KVDECK_KV_FRESH=0), as a generated token does:
 the engine's prefill lets a chunk read its own K/V unrounded (attention_fresh), which would
 score 512-token chunks better than any reply sees them. `--fresh` measures that prefill path.
+kpc4 has one rule for both: a query reads its own 16-token page unrounded (the pool holds the
+open page in f32 until it fills), every earlier page from the pool.
 
-    kvdeck bench kv [--formats f16,nvfp4,nvfp4r,k8v4] [--ctx 2048,8192] [--weights f32] [--json]
+`--speed`: instead, prefill and decode speed at the first context, the formats' engines loaded
+together and timed in turn (the order alternating), best of --reps: prefill tok/s of the
+whole context (one call, last logits only) and decode tok/s (median of --steps steps after it).
+
+    kvdeck bench kv [--formats f16,kpc4,nvfp4,nvfp4r,k8v4] [--ctx 2048,8192] [--weights f32] [--json]
+    kvdeck bench kv --speed [--formats nvfp4,kpc4] [--ctx 2048] [--reps 3] [--weights nvfp4]
 """
 
 from __future__ import annotations
@@ -94,6 +101,33 @@ def measure(root, formats, ctxs, weights, decode_steps, log=print) -> list[dict]
     return rows
 
 
+def speed(root, formats, ctx, weights, steps, reps, log=print) -> list[dict]:
+    from app.engine import load_engine
+
+    engines = {f: load_engine(root, weights=weights, kv=f, max_context=ctx + steps + 16) for f in formats}
+    ids = eval_ids(next(iter(engines.values())).tokenizer, ctx)
+    best = {f: [float("inf"), float("inf")] for f in formats}  # prefill s, decode s per step
+    for r in range(reps):
+        for f in (formats if r % 2 == 0 else formats[::-1]):
+            eng = engines[f]
+            seq = eng.native.open_sequence()
+            try:
+                t = time.perf_counter()
+                tok = int(eng._forward(seq, ids).argmax())
+                pre = time.perf_counter() - t
+                dt = []
+                for _ in range(steps):
+                    t = time.perf_counter()
+                    tok = int(eng._forward(seq, [tok]).argmax())
+                    dt.append(time.perf_counter() - t)
+            finally:
+                eng.native.close_sequence(seq)
+            best[f] = [min(best[f][0], pre), min(best[f][1], statistics.median(dt))]
+            log(f"  rep {r} {f}: prefill {ctx / pre:.0f} tok/s, decode {1 / statistics.median(dt):.1f} tok/s"
+                f"  load {os.getloadavg()[0]:.2f}")
+    return [{"kv": f, "ctx": ctx, "prefill_tok_s": ctx / best[f][0], "decode_tok_s": 1.0 / best[f][1]} for f in formats]
+
+
 def table(rows, ctxs, ref) -> str:
     head = f"{'KV':7s} {'B/token':>8s} {'×f16':>6s}"
     for c in ctxs:
@@ -112,12 +146,14 @@ def table(rows, ctxs, ref) -> str:
 
 def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvdeck bench kv", description=__doc__.split("\n")[0])
-    ap.add_argument("--formats", default="f16,nvfp4,nvfp4r,k8v4", help="KV formats; the first is the reference")
+    ap.add_argument("--formats", default="f16,kpc4,nvfp4,nvfp4r,k8v4", help="KV formats; the first is the reference")
     ap.add_argument("--ctx", default="2048,8192", help="context lengths (tokens); decode is timed at the first")
     ap.add_argument("--weights", default="f32")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed (median)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--speed", action="store_true", help="prefill / decode speed at the first context instead")
+    ap.add_argument("--reps", type=int, default=3, help="--speed: repetitions per format (best of)")
     ap.add_argument("--fresh", action="store_true",
                     help="let each 512-token chunk read its own K/V unrounded (the engine's prefill path)")
     a = ap.parse_args(argv)
@@ -132,6 +168,22 @@ def run(argv: list[str]) -> int:
         return 2
     log = (lambda s: sys.stderr.write(s + "\n")) if a.json else print
     log(f"load before: {os.getloadavg()}")
+    if a.speed:
+        try:
+            rows = speed(default_models_dir() / a.model, formats, ctxs[0], a.weights, a.steps, a.reps, log)
+        except EngineError as e:
+            sys.stderr.write(f"bench kv: {e}\n")
+            return 1
+        load = os.getloadavg()
+        if a.json:
+            print(json.dumps({"weights": a.weights, "load": load, "speed": rows}))
+        else:
+            print(f"weights {a.weights}; best of {a.reps}; load after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+            for r in rows:
+                print(f"{r['kv']:7s} prefill {r['ctx']} tok: {r['prefill_tok_s']:8.1f} tok/s   decode: "
+                      f"{r['decode_tok_s']:6.1f} tok/s   (x{r['prefill_tok_s'] / rows[0]['prefill_tok_s']:.2f} / "
+                      f"x{r['decode_tok_s'] / rows[0]['decode_tok_s']:.2f} of {rows[0]['kv']})")
+        return 0
     try:
         rows = measure(default_models_dir() / a.model, formats, ctxs, a.weights, a.steps, log)
     except EngineError as e:

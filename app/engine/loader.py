@@ -24,14 +24,15 @@ from app.engine.types import ModelConfig
 FORMAT_VERSION = 1
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 WEIGHT_FORMATS = ("nvfp4", "w4a8", "f16", "f32", "gguf")  # gguf: the GGUF source's own blocks
-KV_FORMATS = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
+KV_FORMATS = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4", "kpc4")
 # Activations of the integer matmuls (kernels.h ActQ8): a8 int8 per 32 values, a16 int16 per 32
 # (W4A8 / W8A8 weights, CPU backend). "auto": a16 for the exact GGUF import on the CPU (its
 # weights are the source's own, so the activations' rounding is what is left), a8 otherwise.
 ACTIVATIONS = ("auto", "a8", "a16")
 # Bytes per K/V value at head_dim 64 (docs/ENGINE.md, KV formats): nvfp4 (32 + 4) / 64, nvfp4r
-# (32 + 4 + 2) / 64, k8v4 K (64 + 2) and V nvfp4r (38) per 2 x 64 values. kv_bytes_per_token is exact.
-KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625, "nvfp4r": 0.59375, "k8v4": 0.8125}
+# (32 + 4 + 2) / 64, k8v4 K (64 + 2) and V nvfp4r (38) per 2 x 64 values, kpc4 K (40: 10 B per 16
+# values of a channel's page) and V nvfp4 (36). kv_bytes_per_token is exact.
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "nvfp4": 0.5625, "nvfp4r": 0.59375, "k8v4": 0.8125, "kpc4": 0.59375}
 
 
 def kv_bytes_per_token(kv: str, n_layers: int, n_kv: int, head_dim: int) -> int:
@@ -39,7 +40,7 @@ def kv_bytes_per_token(kv: str, n_layers: int, n_kv: int, head_dim: int) -> int:
     D = head_dim
     nv4 = D // 2 + D // 16
     k, v = {"f32": (4 * D, 4 * D), "f16": (2 * D, 2 * D), "nvfp4": (nv4, nv4), "nvfp4r": (nv4 + 2, nv4 + 2),
-            "k8v4": (D + 2, nv4 + 2)}[kv]
+            "k8v4": (D + 2, nv4 + 2), "kpc4": (D * 5 // 8, nv4)}[kv]
     return n_layers * n_kv * (k + v)
 
 
@@ -306,7 +307,8 @@ def load_engine(
     try:
         native = _native.Engine(native_cfg, options)
     except ValueError as e:
-        if device != "cpu" and ("not available in this build" in str(e) or "activations" in str(e)):
+        if device != "cpu" and ("not available in this build" in str(e) or "activations" in str(e)
+                              or "cpu backend only" in str(e)):
             raise EngineError(f"device {device!r}: {e}") from None
         raise EngineError(f"{folder / 'model.safetensors'}: {e}") from None
     except RuntimeError as e:  # "no CUDA device: <the driver's reason>"

@@ -75,9 +75,9 @@ class BackendOps {
 
 // A KV pool format by its name (kv_pool.h), or std::invalid_argument.
 KvDType kv_of(const std::string& kv) {
-  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::NVFP4, KvDType::NVFP4R, KvDType::K8V4})
+  for (KvDType t : {KvDType::F32, KvDType::F16, KvDType::NVFP4, KvDType::NVFP4R, KvDType::K8V4, KvDType::KPC4})
     if (kv == kv_dtype_name(t)) return t;
-  throw std::invalid_argument("kv must be f32, f16, nvfp4, nvfp4r or k8v4, got '" + kv + "'");
+  throw std::invalid_argument("kv must be f32, f16, nvfp4, nvfp4r, k8v4 or kpc4, got '" + kv + "'");
 }
 
 struct Release {  // frees an op's buffers however it ends

@@ -46,7 +46,8 @@ KvDType kv_dtype_from(const std::string& s) {
   if (s == "nvfp4") return KvDType::NVFP4;
   if (s == "nvfp4r") return KvDType::NVFP4R;
   if (s == "k8v4") return KvDType::K8V4;
-  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16, nvfp4, nvfp4r, k8v4)");
+  if (s == "kpc4") return KvDType::KPC4;
+  throw std::invalid_argument("kv format '" + s + "' is not supported (f32, f16, nvfp4, nvfp4r, k8v4, kpc4)");
 }
 
 EngineOptions options_from(const py::dict& d) {
@@ -202,6 +203,8 @@ void bind_engine(py::module_& m) {
              d["tree_nodes"] = s.tree_nodes;
              d["block"] = s.block;
              d["bytes_per_token"] = s.bytes_per_token;
+             d["kv_staged_pages"] = s.staged_pages;      // kpc4: open pages held unrounded
+             d["kv_staging_bytes"] = s.staging_bytes;
              return d;
            })
       .def("tree_dump",

@@ -9,6 +9,7 @@ void bind_kernels(py::module_& m);
 void bind_engine(py::module_& m);
 void bind_loader(py::module_& m);
 void bind_backend(py::module_& m);
+void bind_kv_pce(py::module_& m);
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "kvdeck native engine (C++): formats, CPU kernels, engine";
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_native, m) {
   bind_engine(m);
   bind_loader(m);
   bind_backend(m);
+  bind_kv_pce(m);
 }

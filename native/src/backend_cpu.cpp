@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend_cpu_pce.h"
 #include "kvdeck/backend.h"
 #include "kvdeck/ops_cpu.h"
 #include "kvdeck/thread_pool.h"
@@ -146,6 +147,7 @@ class CpuBackend final : public Backend {
 
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld,
                 const int32_t* slots, int M) override {
+    if (pool.dtype() == KvDType::KPC4) return cpu_pce::kv_write(pool, layer, k, v, ld, slots, M, pce_);
     const int nkv = pool.n_kv(), D = pool.head_dim();
     const size_t row = pool.row_bytes(), vrow = pool.v_row_bytes();
     uint8_t* kb = static_cast<uint8_t*>(pool.k(layer));
@@ -173,6 +175,7 @@ class CpuBackend final : public Backend {
             cpu::kv_nvfp4_encode_row(km, D, kb + dst);
             cpu::kv_nvfp4_encode_row(vm, D, vb + dst);
             break;
+          case KvDType::KPC4: break;  // cpu_pce::kv_write above
         }
       }
     }
@@ -208,6 +211,8 @@ class CpuBackend final : public Backend {
   void attend(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
               const int32_t* pages, int nh, int nkv, int D, const float* k_new, const float* v_new, int ldkv,
               float* out) {
+    if (pool.dtype() == KvDType::KPC4)  // its own-page rule instead of fresh rows (backend_cpu_pce.h)
+      return cpu_pce::attention(pool_, pce_, pool, layer, q, ldq, M, pos, pages, nh, nkv, D, out);
     const int p0 = pos[0];  // host memory: the CPU backend's memory
     const int G = nh / nkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -334,6 +339,7 @@ class CpuBackend final : public Backend {
   std::vector<float> workspace_;   // nvfp4 prefill: dequantised K,V of one layer's context
   std::vector<int32_t> ws_pages_;  // identity page table into workspace_
   std::vector<float> part_;        // decode: per (KV head, segment) partials, see attention()
+  cpu_pce::State pce_{threads_};   // kpc4 KV buffers
 };
 
 }  // namespace

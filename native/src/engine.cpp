@@ -287,6 +287,10 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
     s.tokens.insert(s.tokens.end(), ids + done, ids + done + M);
     done += M;
   }
+  if (pool_->dtype() == KvDType::KPC4) {  // the pages this call filled no longer need their staging
+    pool_->release_retired(nullptr, 0);
+    publish();
+  }
 }
 
 // One chunk of M tokens at positions p0.. of sequence s (its pages already reserved).

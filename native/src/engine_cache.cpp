@@ -112,6 +112,8 @@ void Engine::publish() {
   s.tree_nodes = t.nodes;
   s.block = pool_->block();
   s.bytes_per_token = pool_->bytes_per_token();
+  s.staged_pages = pool_->staged_pages();
+  s.staging_bytes = pool_->staging_bytes();
   const bool tree_changed = tree_->version() != published_version_;
   std::vector<NodeInfo> nodes;
   if (tree_changed) {

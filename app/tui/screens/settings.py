@@ -16,7 +16,7 @@ from app.tui.messages import ReloadEngine
 from app.tui.services import ConsoleOptions
 
 WEIGHTS = ("nvfp4", "w4a8", "f16", "f32")
-KV = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
+KV = ("f32", "f16", "nvfp4", "nvfp4r", "k8v4", "kpc4")
 CHOICES = ("auto", "required", "none")
 
 

@@ -101,6 +101,8 @@ struct PoolSnapshot {
   int32_t total_pages, used_pages, free_pages, pinned_pages, evictable_pages, locked_pages,
       cached_pages, tree_nodes, block;
   size_t bytes_per_token;
+  int32_t staged_pages;  // kpc4 KV: pages whose rows are held in f32 staging (kv_pool.h)
+  size_t staging_bytes;  // their bytes, beside the pool's
 };
 
 class Engine {

@@ -6,6 +6,7 @@
 // loop, so it uses a byte -> (low, high) value table built once.
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "kvdeck/formats.h"
 #include "kvdeck/ops_cpu.h"
@@ -136,6 +137,9 @@ void kv_encode_row(KvDType t, bool v, const float* x, int D, uint8_t* row) {
     case KvDType::NVFP4: kv_nvfp4_encode_row(x, D, row); return;
     case KvDType::NVFP4R: kv_nvfp4r_encode_row(x, D, row); return;
     case KvDType::K8V4: return v ? kv_nvfp4r_encode_row(x, D, row) : kv_int8_encode_row(x, D, row);
+    case KvDType::KPC4:
+      if (v) return kv_nvfp4_encode_row(x, D, row);
+      throw std::invalid_argument("kv_encode_row: kpc4 K is per page (kpc4_encode_page), not per row");
   }
 }
 
@@ -146,6 +150,9 @@ void kv_decode_row(KvDType t, bool v, const uint8_t* row, int D, float* x) {
     case KvDType::NVFP4: kv_nvfp4_decode_row(row, D, x); return;
     case KvDType::NVFP4R: kv_nvfp4r_decode_row(row, D, x); return;
     case KvDType::K8V4: return v ? kv_nvfp4r_decode_row(row, D, x) : kv_int8_decode_row(row, D, x);
+    case KvDType::KPC4:
+      if (v) return kv_nvfp4_decode_row(row, D, x);
+      throw std::invalid_argument("kv_decode_row: kpc4 K is per page (kpc4_decode_page), not per row");
   }
 }
 
