@@ -201,6 +201,11 @@ void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const ui
                        const float* ks, float* S);
 // n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row.
 void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile);
+// o[h] = o[h]·alpha[h] + Σ_t P[h*ldp + t] v_t over the n V rows at v (stride ts) on the codes,
+// bit for bit attention_nvfp4_pv_ref (ops_cpu.h); ks from nvfp4_page_scales. P[h*ldp + t] is
+// read for t < n rounded up to 8 (0 past n). False (o untouched) when a block scale is negative.
+bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const float* ks, int G, const float* P, int ldp,
+                   const float* alpha, float* o);
 
 // The next page's K and V (every head) prefetched into L2 a few lines at a time while this page
 // is computed: pages are scattered in the pool, so the hardware's stream prefetcher cannot see
