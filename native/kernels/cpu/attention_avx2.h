@@ -132,7 +132,7 @@ inline float softmax_update(const float* S, int nr, float* m, float* l, float* P
   for (int gi = 0; gi < ng; ++gi) vmax = _mm256_max_ps(vmax, _mm256_load_ps(S + 8 * gi));
   const float mx = hmax(vmax);
   const float m_new = mx > *m ? mx : *m;
-  const float alpha = flush_exp(*m - m_new);
+  const float alpha = m_new == *m && *m > -INFINITY ? 1.0f : flush_exp(*m - m_new);  // e^0 = 1 exactly
   __m256 psum = _mm256_setzero_ps();
   const __m256 vm = _mm256_set1_ps(m_new);
   for (int gi = 0; gi < ng; ++gi) {

@@ -53,6 +53,7 @@ void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks) 
 
 void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs) {
   const int C = D / 64;
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int h = 0; h < G; ++h)
     for (int c = 0; c < C; ++c) {
       int8_t* lo = q8 + (size_t(h) * C + c) * 64;  // [32 even values | 32 odd values]
@@ -60,13 +61,16 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
       float d[4];
       for (int b = 0; b < 4; ++b) {
         const float* x = q + size_t(h) * D + 64 * c + 16 * b;
-        float amax = 0.0f;
-        for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+        const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+        const float amax = hmax(_mm256_max_ps(_mm256_and_ps(x0, absm), _mm256_and_ps(x1, absm)));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         d[b] = amax / 127.0f;
+        alignas(32) int32_t r[16];  // nearbyint(x · id): vcvtps2dq rounds to nearest even
+        _mm256_store_si256(reinterpret_cast<__m256i*>(r), _mm256_cvtps_epi32(_mm256_mul_ps(x0, _mm256_set1_ps(id))));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(r + 8), _mm256_cvtps_epi32(_mm256_mul_ps(x1, _mm256_set1_ps(id))));
         for (int i = 0; i < 8; ++i) {
-          lo[8 * b + i] = int8_t(std::nearbyint(x[2 * i] * id));
-          lo[32 + 8 * b + i] = int8_t(std::nearbyint(x[2 * i + 1] * id));
+          lo[8 * b + i] = int8_t(r[2 * i]);
+          lo[32 + 8 * b + i] = int8_t(r[2 * i + 1]);
         }
       }
       // the lane pattern of a key pair's block sums: [b0 b1 b0 b1 | b2 b3 b2 b3]
