@@ -114,6 +114,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   }
   // nvfp4 pages (D 64 / 128, whole groups of 8 rows): q quantised once per segment and KV head
   const bool int8_scores = attention_scores_int8(kv);  // (and this kernel's G <= 64)
+  const bool int_v = int8_scores && attention_int_v();
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
   if (int8_scores) {
@@ -147,7 +148,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         attn_avx2::nvfp4_page_scales(V, ts, n, D, ks);
         float alpha[64];
         softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
-        if (attention_int_v() && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
+        if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
           continue;  // o += P·V on the codes
         attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
         pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);
