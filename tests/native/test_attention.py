@@ -203,6 +203,10 @@ def test_fresh_rows_attend_unrounded(kv, p0, M):
         err = np.abs(out - want).max()
         assert err <= (INT_V_TOL if INT_V else TOL) * np.abs(v).max()
         assert np.abs(out - pooled).max() > err  # the fresh row moved the output more than the roundings
+        # the integer kernels served the pooled pages (before, one fresh row sent the whole
+        # context down the f32 path: the engine's decode never used them)
+        exact = _causal_oracle(q, mix(k), mix(v), p0)
+        assert np.abs(out - exact).max() > 10 * TOL * np.abs(v).max()
         return
     err = np.abs(out - want).max()
     assert err <= TOL * np.abs(v).max()
