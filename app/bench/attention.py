@@ -75,8 +75,11 @@ def validate(kv: str) -> float:
                 w = np.exp(s - s.max())
                 ref = (w / w.sum()) @ vd[:c, g]
                 worst = max(worst, float(np.abs(out[i, h * D:(h + 1) * D] - ref).max() / np.abs(v).max()))
-    if worst > 1e-4:
-        raise RuntimeError(f"{kv} attention differs from float64 by {worst:.2e} of max|v|")
+    # decode's integer P·V over nvfp4 (KVDECK_ATTN_INT_V): its weights' 8-bit rounding, not modelled here
+    bound = 1e-2 if kv == "nvfp4" and _native.kernels.attention_scores_int8(kv, D) and os.environ.get(
+        "KVDECK_ATTN_INT_V", "1") != "0" else 1e-4
+    if worst > bound:
+        raise RuntimeError(f"{kv} attention differs from float64 by {worst:.2e} of max|v| (bound {bound:.0e})")
     return worst
 
 
@@ -111,6 +114,31 @@ def copy_bandwidth(threads: int, nbytes: int = 256 << 20, reps: int = 5) -> floa
     return 2 * nbytes / best
 
 
+def decode_fidelity(kv: str = "nvfp4", ref: str = "f16", weights: str = "nvfp4", prefix: int = 586,
+                    model: str = "smollm2-135m") -> dict:
+    """Top-1 agreement of real decode steps over kv pages against ref pages: the eval texts
+    (app/bench/kv.py's 2,121 tokens) fed as a `prefix`-token prefill, then one token per
+    forward (teacher forced: every step attends over pages, through the decode kernel), the
+    argmax of each step compared. KVDECK_ATTN_INT_V (read once per process) picks nvfp4's P·V."""
+    from app.bench.kv import eval_ids
+    from app.engine import default_models_dir, load_engine
+
+    arg = {}
+    for fmt in (ref, kv):
+        eng = load_engine(default_models_dir() / model, weights=weights, kv=fmt, max_context=2304)
+        ids = eval_ids(eng.tokenizer, 2121)
+        seq = eng.native.open_sequence()
+        try:
+            eng._forward(seq, ids[:prefix])
+            arg[fmt] = np.array([int(eng._forward(seq, [t]).argmax()) for t in ids[prefix:]])
+        finally:
+            eng.native.close_sequence(seq)
+        del eng
+    return {"kv": kv, "ref": ref, "weights": weights, "steps": int(arg[kv].size),
+            "int_v": os.environ.get("KVDECK_ATTN_INT_V", "1") != "0",
+            "top1": float((arg[kv] == arg[ref]).mean())}
+
+
 def cpu_flags() -> dict:
     """The FLAGS this CPU reports (Linux /proc/cpuinfo; empty elsewhere)."""
     try:
@@ -133,8 +161,17 @@ def run(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kvdeck bench attention", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     ap.add_argument("--quick", action="store_true", help="SmolLM2 shape only, fewer repetitions")
+    ap.add_argument("--fidelity", action="store_true",
+                    help="only the top-1 of 1,535 real decode steps over nvfp4 pages against f16 pages")
     args = ap.parse_args(argv)
     from app.engine import _native
+
+    if args.fidelity:
+        r = decode_fidelity()
+        print(json.dumps(r) if args.json else
+              f"decode top-1 {r['kv']} vs {r['ref']} KV ({r['weights']} weights, {r['steps']} steps, "
+              f"integer P·V {'on' if r['int_v'] else 'off'}): {r['top1']:.4f}  load {os.getloadavg()[0]:.2f}")
+        return 0
 
     say = (lambda *a: None) if args.json else print
     flags = cpu_flags()

@@ -75,12 +75,29 @@ void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, i
 void attention_segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
                              float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile);
 // Whether attention_segment / attention_segment_heads score this view's pages with integer
-// dot products (AVX2, NVFP4 pages, D 64 or 128, block % 8 == 0, no fresh rows): q is then
+// dot products (AVX2, NVFP4 pages, D 64 or 128, block % 8 == 0; a page holding fresh rows,
+// attention_fresh's, is read in f32 as elsewhere): q is then
 // quantised to int8 per block of 16 values (d = amax/127) and each block's integer sum scaled by
 // d times the E4M3 block scale (attention_nvfp4_avx2.cpp), so decode differs from the f32
 // scores of attention_queries / attention_segment_ref by q's rounding (<= amax/254 per value).
-// V is widened exactly either way.
+// Their V side then runs on the codes too (attention_nvfp4_pv) unless attention_int_v() is off.
 bool attention_scores_int8(const KvView& kv);
+// Whether decode over such pages adds P·V on the codes (KVDECK_ATTN_INT_V=0: V widened to f32
+// and float FMAs, the exact P·V; read once).
+bool attention_int_v();
+// o[h] = o[h]·alpha[h] + P·V for G heads over the n NVFP4 V rows at v (token stride ts bytes;
+// P[h*ldp + t], t < n, >= 0; o [G, D]) with the weights rounded to 8 bits: per group of 8
+// tokens and block b of 16 values, w_t = P_t·s_tb (s_tb the E4M3 block scale, NaN read as 0),
+// wm = max_t |w_t|, W_t = nearbyint(w_t · (255/wm)) (0 when wm = 0), and per value i of block b
+//   I_i = Σ_t W_t · 2e2m1(c_ti)  (exact int32),   o_i = fma(float(I_i), wm · (0.5/255), o_i)
+// for the groups in order. Each weight moves by at most wm/510: |Δo_i| <= Σ_groups 8 · wm/510 ·
+// max|v| — a bound relative to the page's largest weight, not to |o|. The reference order;
+// attention_nvfp4_pv (AVX2 when the CPU has it, D 64 / 128, n <= 64, no negative block scale;
+// else this) returns the same bits.
+void attention_nvfp4_pv_ref(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                            const float* alpha, float* o);
+void attention_nvfp4_pv(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                        const float* alpha, float* o);
 // The reference (portable) version of attention_segment, also the non-x86 path.
 void attention_segment_ref(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,
                            float* o, float* m, float* l, float* tile);

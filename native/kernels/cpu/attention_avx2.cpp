@@ -33,15 +33,18 @@ using attn_avx2::pv_rows;
 using attn_avx2::softmax_update;
 
 // The online softmax update of the G heads' scores S of one page (n keys; S[h*64 + j] for j
-// >= n masked here), then o = o·alpha + Σ p_t v_t up to three heads at a time (each V load feeds their FMAs).
-template <int D, typename T>
-void softmax_pv(int G, const T* V, size_t vs, int n, float* o, float* m, float* l, float* S, float* P) {
+// >= n masked here): m, l, P = e^(S - m) per head, alpha[h] the factor for o.
+inline void softmax_heads(int G, int n, float* m, float* l, float* S, float* P, float* alpha) {
   const int ne = (n + 7) / 8 * 8;
-  float alpha[64];
   for (int h = 0; h < G; ++h) {
     for (int j = n; j < ne; ++j) S[h * 64 + j] = -INFINITY;
     alpha[h] = softmax_update(S + h * 64, n, m + h, l + h, P + h * 64);
   }
+}
+
+// o = o·alpha + Σ p_t v_t for the G heads up to three at a time (each V load feeds their FMAs).
+template <int D, typename T>
+void pv_heads(int G, const T* V, size_t vs, int n, float* o, const float* P, const float* alpha) {
   for (int h = 0; h < G;) {  // three heads at a time (12 FMA chains: FMA latency x 2 pipes), then 2, 1
     const int r = G - h >= 3 ? 3 : G - h;
     const float* pr[3] = {P + h * 64, P + (h + 1) * 64, P + (h + 2) * 64};
@@ -55,6 +58,13 @@ void softmax_pv(int G, const T* V, size_t vs, int n, float* o, float* m, float* 
       pv_rows<D, 1>(V, vs, pr, nn, alpha + h, orow);
     h += r;
   }
+}
+
+template <int D, typename T>
+void softmax_pv(int G, const T* V, size_t vs, int n, float* o, float* m, float* l, float* S, float* P) {
+  float alpha[64];
+  softmax_heads(G, n, m, l, S, P, alpha);
+  pv_heads<D>(G, V, vs, n, o, P, alpha);
 }
 
 // The G query heads of one KV head over one page of n keys (K, V: f32 rows or f16 rows read
@@ -104,6 +114,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   }
   // nvfp4 pages (D 64 / 128, whole groups of 8 rows): q quantised once per segment and KV head
   const bool int8_scores = attention_scores_int8(kv);  // (and this kernel's G <= 64)
+  const bool int_v = int8_scores && attention_int_v();
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
   if (int8_scores) {
@@ -122,7 +133,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
     const size_t lines = (pf.bytes / 64 + (g1 - g0) - 1) / (g1 - g0) + 1;  // per KV head
     const bool pooled = !(kv.fresh_k && ps + n > kv.fresh0);  // no fresh rows in this page
     const bool in_place16 = kv.dtype == KvDType::F16 && pooled;
-    if (int8_scores) {  // nvfp4: integer scores on the codes, V widened once
+    if (int8_scores && pooled) {  // nvfp4: integer scores and P·V on the codes (a page with fresh rows: f32)
       const size_t rb = kv_row_bytes(kv.dtype, D), ts = rb * kv.nkv;
       const int n8 = (n + 7) / 8 * 8;
       alignas(32) float ks[2 * 64 * 4];
@@ -135,9 +146,12 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
                                      G, D, K, ts, n, ks, S);
         attn_avx2::nvfp4_page_scales(V, ts, n, D, ks);
+        float alpha[64];
+        softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
+        if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
+          continue;  // o += P·V on the codes
         attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
-        softmax_pv<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, m + (g - g0) * mg,
-                      l + (g - g0) * mg, S, P);
+        pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);
       }
       continue;
     }

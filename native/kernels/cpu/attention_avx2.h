@@ -132,7 +132,7 @@ inline float softmax_update(const float* S, int nr, float* m, float* l, float* P
   for (int gi = 0; gi < ng; ++gi) vmax = _mm256_max_ps(vmax, _mm256_load_ps(S + 8 * gi));
   const float mx = hmax(vmax);
   const float m_new = mx > *m ? mx : *m;
-  const float alpha = flush_exp(*m - m_new);
+  const float alpha = m_new == *m && *m > -INFINITY ? 1.0f : flush_exp(*m - m_new);  // e^0 = 1 exactly
   __m256 psum = _mm256_setzero_ps();
   const __m256 vm = _mm256_set1_ps(m_new);
   for (int gi = 0; gi < ng; ++gi) {
@@ -201,6 +201,11 @@ void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const ui
                        const float* ks, float* S);
 // n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row.
 void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile);
+// o[h] = o[h]·alpha[h] + Σ_t P[h*ldp + t] v_t over the n V rows at v (stride ts) on the codes,
+// bit for bit attention_nvfp4_pv_ref (ops_cpu.h); ks from nvfp4_page_scales. P[h*ldp + t] is
+// read for t < n rounded up to 8 (0 past n). False (o untouched) when a block scale is negative.
+bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const float* ks, int G, const float* P, int ldp,
+                   const float* alpha, float* o);
 
 // The next page's K and V (every head) prefetched into L2 a few lines at a time while this page
 // is computed: pages are scattered in the pool, so the hardware's stream prefetcher cannot see

@@ -7,6 +7,7 @@
 // (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu). On AVX2
 // decode over nvfp4 pages scores with integer dot products instead (attention_scores_int8).
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -118,10 +119,57 @@ bool attention_scores_int8(const KvView& kv) {
 #if defined(__x86_64__)
   static const bool avx2 = cpu_supports("avx2");
   return avx2 && kv.dtype == KvDType::NVFP4 && kv.D % 64 == 0 && kv.D <= 128 && kv.block % 8 == 0 &&
-         kv.block <= 64 && !kv.fresh_k;
+         kv.block <= 64;
 #else
   return false;
 #endif
+}
+
+bool attention_int_v() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVDECK_ATTN_INT_V");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+void attention_nvfp4_pv_ref(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                            const float* alpha, float* o) {
+  static const int8_t v2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};  // 2·e2m1
+  for (int h = 0; h < G; ++h)
+    for (int i = 0; i < D; ++i) o[size_t(h) * D + i] *= alpha[h];
+  for (int h = 0; h < G; ++h)
+    for (int g0 = 0; g0 < n; g0 += 8) {
+      const int g1 = g0 + 8 < n ? g0 + 8 : n;
+      for (int b = 0; b < D / 16; ++b) {
+        float w[8], wm = 0.0f;
+        for (int t = g0; t < g1; ++t) {
+          float s = e4m3_to_f32(v[t * ts + D / 2 + b]);
+          if (std::isnan(s)) s = 0.0f;
+          w[t - g0] = P[size_t(h) * ldp + t] * s;
+          wm = std::fabs(w[t - g0]) > wm ? std::fabs(w[t - g0]) : wm;  // (negative only for negative scales)
+        }
+        const float inv = wm > 0.0f ? 255.0f / wm : 0.0f, f = wm * (0.5f / 255.0f);
+        for (int i = 16 * b; i < 16 * b + 16; ++i) {
+          int32_t I = 0;
+          for (int t = g0; t < g1; ++t) {
+            const uint8_t c = (v[t * ts + i / 2] >> (4 * (i & 1))) & 0xF;
+            I += int32_t(std::nearbyint(w[t - g0] * inv)) * v2[c];
+          }
+          float& oi = o[size_t(h) * D + i];
+          oi = std::fma(float(I), f, oi);
+        }
+      }
+    }
+}
+
+void attention_nvfp4_pv(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                        const float* alpha, float* o) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_supports("avx2");
+  if (avx2 && attention_nvfp4_pv_avx2(v, ts, n, D, G, P, ldp, alpha, o)) return;
+#endif
+  attention_nvfp4_pv_ref(v, ts, n, D, G, P, ldp, alpha, o);
 }
 
 void attention_segment(const KvView& kv, int g, const float* q, int G, int t0, int t1, float scale,

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels/cpu/attention_avx2.h"
+#include "kernels/cpu/kernels_impl.h"
 
 namespace kvdeck::cpu::attn_avx2 {
 void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks) {
@@ -52,6 +53,7 @@ void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks) 
 
 void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs) {
   const int C = D / 64;
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int h = 0; h < G; ++h)
     for (int c = 0; c < C; ++c) {
       int8_t* lo = q8 + (size_t(h) * C + c) * 64;  // [32 even values | 32 odd values]
@@ -59,13 +61,16 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
       float d[4];
       for (int b = 0; b < 4; ++b) {
         const float* x = q + size_t(h) * D + 64 * c + 16 * b;
-        float amax = 0.0f;
-        for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+        const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+        const float amax = hmax(_mm256_max_ps(_mm256_and_ps(x0, absm), _mm256_and_ps(x1, absm)));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         d[b] = amax / 127.0f;
+        alignas(32) int32_t r[16];  // nearbyint(x · id): vcvtps2dq rounds to nearest even
+        _mm256_store_si256(reinterpret_cast<__m256i*>(r), _mm256_cvtps_epi32(_mm256_mul_ps(x0, _mm256_set1_ps(id))));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(r + 8), _mm256_cvtps_epi32(_mm256_mul_ps(x1, _mm256_set1_ps(id))));
         for (int i = 0; i < 8; ++i) {
-          lo[8 * b + i] = int8_t(std::nearbyint(x[2 * i] * id));
-          lo[32 + 8 * b + i] = int8_t(std::nearbyint(x[2 * i + 1] * id));
+          lo[8 * b + i] = int8_t(r[2 * i]);
+          lo[32 + 8 * b + i] = int8_t(r[2 * i + 1]);
         }
       }
       // the lane pattern of a key pair's block sums: [b0 b1 b0 b1 | b2 b3 b2 b3]
@@ -165,5 +170,131 @@ void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks,
     }
 }
 
+// ============================================================================
+// o += P·V on the codes (integer V side; the contract: attention_nvfp4_pv_ref, ops_cpu.h)
+// ============================================================================
+// Two token rows' codes interleaved per value (A0..A3 below: 16 (t, t+1) byte pairs each), the
+// weights W (u8, <= 255) of the pair broadcast per block, vpmaddubsw sums the pair into int16
+// per value; 4 pairs (8 tokens) add in int16 (4 * 2 * 255 * 12 = 24480 < 32767), then int32,
+// f32 and one FMA per value and group of 8 tokens.
+template <int C>
+static void pv_c(const uint8_t* v, size_t ts, int n, const float* ks, int G, const float* P, int ldp,
+                 const float* alpha, float* o) {
+  constexpr int D = 64 * C;
+  const int n8 = (n + 7) / 8 * 8, np = (n + 1) / 2;
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,  //
+                                       0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  alignas(32) __m256i vp[32 * C * 4];  // [pair][chunk][A0..A3]
+  for (int j = 0; j < np; ++j)
+    for (int c = 0; c < C; ++c) {
+      __m256i R[2][2];
+      for (int u = 0; u < 2; ++u) {
+        const int t = 2 * j + u;
+        const __m256i x = t < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + t * ts + 32 * c))
+                                : _mm256_setzero_si256();
+        const __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, nib));                         // even values
+        const __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));  // odd values
+        R[u][0] = _mm256_unpacklo_epi8(lo, hi);  // values 0-15 | 32-47
+        R[u][1] = _mm256_unpackhi_epi8(lo, hi);  // values 16-31 | 48-63
+      }
+      __m256i* a = vp + (size_t(j) * C + c) * 4;
+      a[0] = _mm256_unpacklo_epi8(R[0][0], R[1][0]);  // 0-7 | 32-39   (blocks 0 | 2)
+      a[1] = _mm256_unpackhi_epi8(R[0][0], R[1][0]);  // 8-15 | 40-47  (blocks 0 | 2)
+      a[2] = _mm256_unpacklo_epi8(R[0][1], R[1][1]);  // 16-23 | 48-55 (blocks 1 | 3)
+      a[3] = _mm256_unpackhi_epi8(R[0][1], R[1][1]);  // 24-31 | 56-63 (blocks 1 | 3)
+    }
+  // the pair's (t, t+1) weights of block b (lane 0) and b + 2 (lane 1): bytes (b, 4 + b) repeated
+  const __m256i ctl_a = _mm256_setr_epi8(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4,  //
+                                         2, 6, 2, 6, 2, 6, 2, 6, 2, 6, 2, 6, 2, 6, 2, 6);
+  const __m256i ctl_b = _mm256_add_epi8(ctl_a, _mm256_set1_epi8(1));
+  const __m256i tok = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packed dwords -> token order
+  const __m256 k255 = _mm256_set1_ps(255.0f), half255 = _mm256_set1_ps(0.5f / 255.0f);
+  const int ng = (n + 7) / 8;
+  alignas(32) uint8_t W[C * 8 * 32];  // [chunk][group][token][block] weights of one head
+  alignas(32) float F[C * 8 * 8];     // [chunk][group] wm · 0.5/255 per block (both halves)
+  for (int h = 0; h < G; ++h) {
+    const float* ph = P + size_t(h) * ldp;
+    for (int c = 0; c < C; ++c)  // the weights first: their chains overlap the V loop below
+      for (int gi = 0; gi < ng; ++gi) {
+        const int g0 = 8 * gi;  // < n8: P and ks are defined for the group's 8 tokens (0 past n)
+        // w = p_t · scale_tb for the group's tokens, its max per block
+        __m256 w[4];
+        __m256 wm = _mm256_setzero_ps();
+        const __m256 p8 = _mm256_loadu_ps(ph + g0);
+        for (int u = 0; u < 4; ++u) {
+          const __m256 pp = _mm256_permutevar8x32_ps(p8, _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1,
+                                                                           2 * u + 1, 2 * u + 1, 2 * u + 1));
+          w[u] = _mm256_mul_ps(pp, _mm256_load_ps(ks + (size_t(c) * n8 + g0 + 2 * u) * 4));
+          wm = _mm256_max_ps(wm, w[u]);
+        }
+        wm = _mm256_max_ps(wm, _mm256_permute2f128_ps(wm, wm, 1));  // blocks 0-3 in both halves
+        const __m256 inv = _mm256_and_ps(_mm256_div_ps(k255, wm), _mm256_cmp_ps(wm, _mm256_setzero_ps(), _CMP_GT_OQ));
+        _mm256_store_ps(F + (c * 8 + gi) * 8, _mm256_mul_ps(wm, half255));
+        __m256i q[4];
+        for (int u = 0; u < 4; ++u) q[u] = _mm256_cvtps_epi32(_mm256_mul_ps(w[u], inv));
+        const __m256i a = _mm256_packs_epi32(q[0], q[1]), b = _mm256_packs_epi32(q[2], q[3]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(W + (c * 8 + gi) * 32),
+                           _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), tok));
+      }
+    for (int c = 0; c < C; ++c) {
+      float* oc = o + size_t(h) * D + 64 * c;
+      __m256 of[8];
+      for (int i = 0; i < 8; ++i) of[i] = _mm256_mul_ps(_mm256_loadu_ps(oc + 8 * i), _mm256_set1_ps(alpha[h]));
+      for (int gi = 0; gi < ng; ++gi) {
+        const int g0 = 8 * gi;
+        const uint8_t* wg = W + (c * 8 + gi) * 32;
+        __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                          _mm256_setzero_si256()};
+        const int j1 = (g0 + 8 < n ? g0 + 8 : n) + 1;
+        for (int j = g0 / 2; j < j1 / 2; ++j) {
+          int64_t wq;
+          std::memcpy(&wq, wg + 8 * (j - g0 / 2), 8);
+          const __m256i wb = _mm256_set1_epi64x(wq);
+          const __m256i wa = _mm256_shuffle_epi8(wb, ctl_a), wc = _mm256_shuffle_epi8(wb, ctl_b);
+          const __m256i* a = vp + (size_t(j) * C + c) * 4;
+          acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(wa, a[0]));
+          acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(wa, a[1]));
+          acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(wc, a[2]));
+          acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(wc, a[3]));
+        }
+        const float* f = F + (c * 8 + gi) * 8;
+        for (int k = 0; k < 4; ++k) {  // acc k: values 8k.. (block k / 2), 32 + 8k.. (block 2 + k / 2)
+          const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[k])));
+          const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[k], 1)));
+          of[k] = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(f + k / 2), of[k]);
+          of[4 + k] = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(f + 2 + k / 2), of[4 + k]);
+        }
+      }
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(oc + 8 * i, of[i]);
+    }
+  }
+}
+
+bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const float* ks, int G, const float* P, int ldp,
+                   const float* alpha, float* o) {
+  uint64_t sgn = 0;  // negative block scales (the encoder writes none): the float path
+  for (int t = 0; t < n; ++t) {
+    uint32_t w[2] = {0, 0};
+    std::memcpy(w, v + t * ts + D / 2, 4);
+    if (D == 128) std::memcpy(w + 1, v + t * ts + D / 2 + 4, 4);
+    sgn |= w[0] | w[1];
+  }
+  if (sgn & 0x80808080u) return false;
+  if (D == 64) pv_c<1>(v, ts, n, ks, G, P, ldp, alpha, o);
+  else pv_c<2>(v, ts, n, ks, G, P, ldp, alpha, o);
+  return true;
+}
+
 }  // namespace kvdeck::cpu::attn_avx2
+
+namespace kvdeck::cpu {
+bool attention_nvfp4_pv_avx2(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                             const float* alpha, float* o) {
+  if ((D != 64 && D != 128) || n < 1 || n > 64) return false;
+  alignas(32) float ks[2 * 64 * 4];
+  attn_avx2::nvfp4_page_scales(v, ts, n, D, ks);
+  return attn_avx2::nvfp4_page_pv(v, ts, n, D, ks, G, P, ldp, alpha, o);
+}
+}  // namespace kvdeck::cpu
 #endif  // __x86_64__

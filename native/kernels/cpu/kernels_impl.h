@@ -57,6 +57,10 @@ void attention_segment_avx2(const KvView& kv, int g, const float* q, int G, int 
 // attention_segment_heads (ops_cpu.h) for the same shapes (attention_avx2.cpp).
 void attention_heads_avx2(const KvView& kv, int g0, int g1, const float* q, size_t qg, int G, int t0, int t1,
                           float scale, float* o, size_t og, float* m, float* l, size_t mg, float* tile);
+// attention_nvfp4_pv (ops_cpu.h) on AVX2 (attention_nvfp4_avx2.cpp): false (o untouched) unless
+// D is 64 or 128, n <= 64 and no block scale is negative.
+bool attention_nvfp4_pv_avx2(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                             const float* alpha, float* o);
 // Page-sharing rows of one segment, flash style (attention_prefill_avx2.cpp): false when D
 // has no AVX2 kernel.
 bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
