@@ -28,22 +28,7 @@ using namespace detail;
 
 namespace {
 
-// =====================================================================================
-// MMA (the rows, their loads and f16 conversion: attention_mma_rows.cuh)
-// =====================================================================================
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#ifdef KVDECK_CUDA_EMU  // bench/emu/emu.h
-  emu::mma16816(c, a0, a1, a2, a3, b0, b1);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
+// The mma: common.cuh mma16816; the rows, their loads and f16 conversion: attention_mma_rows.cuh.
 
 // =====================================================================================
 // Split kernel on the tensor cores

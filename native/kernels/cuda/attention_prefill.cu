@@ -27,21 +27,8 @@ using namespace detail;
 namespace {
 
 // =====================================================================================
-// MMA, ldmatrix, half2 helpers
+// ldmatrix, half2 helpers (the m16n8k16 f16 mma: common.cuh mma16816)
 // =====================================================================================
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-#ifdef KVDECK_CUDA_EMU
-  emu::mma16816(c, a0, a1, a2, a3, b0, b1);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
 #ifdef KVDECK_CUDA_EMU
@@ -217,11 +204,11 @@ attn_prefill_kernel(const uint8_t* __restrict__ kb, const uint8_t* __restrict__ 
       for (int j = 0; j < KS; j += 2) {  // matrices: slice j (d 0-7, 8-15), slice j + 1
         uint32_t b[4];
         ldsm_x4(b, &ks[8 * nt + (lane & 7)][16 * j + 8 * (lane >> 3)]);
-        mma_f16(s[nt], qh[j][0], qh[j][1], qh[j][2], qh[j][3], b[0], b[1]);
-        mma_f16(s[nt], qh[j + 1][0], qh[j + 1][1], qh[j + 1][2], qh[j + 1][3], b[2], b[3]);
+        mma16816(s[nt], qh[j][0], qh[j][1], qh[j][2], qh[j][3], b[0], b[1]);
+        mma16816(s[nt], qh[j + 1][0], qh[j + 1][1], qh[j + 1][2], qh[j + 1][3], b[2], b[3]);
         if constexpr (QSPLIT) {
-          mma_f16(s[nt], ql[j][0], ql[j][1], ql[j][2], ql[j][3], b[0], b[1]);
-          mma_f16(s[nt], ql[j + 1][0], ql[j + 1][1], ql[j + 1][2], ql[j + 1][3], b[2], b[3]);
+          mma16816(s[nt], ql[j][0], ql[j][1], ql[j][2], ql[j][3], b[0], b[1]);
+          mma16816(s[nt], ql[j + 1][0], ql[j + 1][1], ql[j + 1][2], ql[j + 1][3], b[2], b[3]);
         }
       }
     }
@@ -262,8 +249,8 @@ attn_prefill_kernel(const uint8_t* __restrict__ kb, const uint8_t* __restrict__ 
       for (int nd = 0; nd < ND; nd += 2) {
         uint32_t b[4];  // matrices: (tokens +0-7, d nd), (+8-15, nd), (+0-7, nd + 1), (+8-15, nd + 1)
         ldsm_x4_t(b, &vs[16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)][8 * nd + 8 * (lane >> 4)]);
-        mma_f16(o[nd], pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1], b[0], b[1]);
-        mma_f16(o[nd + 1], pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1], b[2], b[3]);
+        mma16816(o[nd], pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1], b[0], b[1]);
+        mma16816(o[nd + 1], pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1], b[2], b[3]);
       }
   }
   pdl_launch_dependents();

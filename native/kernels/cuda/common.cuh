@@ -19,6 +19,20 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 #endif
 }
 
+// D += A B, one m16n8k16 tile: f16 A (row-major, 4 registers) and B (column-major, 2), f32 D.
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#ifdef KVDECK_CUDA_EMU
+  emu::mma16816(c, a0, a1, a2, a3, b0, b1);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 // 8 four-bit codes q (element i in bits [4i, 4i+4)) through a signed 16-entry byte table
 // given as its positive half (pos0: entries 0-3, pos1: 4-7) and negative half (neg0, neg1:
 // entries 8-15, i.e. the codes with bit 3 set). lo gets elements 0-3, hi elements 4-7, one
