@@ -186,33 +186,6 @@ def test_staging_is_in_the_ledger_and_given_back(engine):
     assert eng.snapshot()["kv_staged_pages"] == 0
 
 
-def test_cached_logits_equal_cold_prefill(engine):
-    """Cached pages are full, rounded once: a call served from the cache (a prefix ending mid-
-    page recomputes that page's tail) gives the cold prefill's logits bit for bit, across
-    evictions; the pool's integrity holds and no staging is left behind."""
-    from app.engine import load_engine
-    from tests.conftest import model_root
-
-    cold = engine("f32", "kpc4")
-    warm = load_engine(model_root(), weights="f32", kv="kpc4", kv_pages=24)
-    tok = warm.tokenizer
-    history = tok.encode("<|im_start|>system\nYou watch a robot fleet's batteries.<|im_end|>\n").ids
-    for turn, text in enumerate(["Status of unit 7?", "And unit 12, the one by the dock?",
-                                 "Summarise both in one line.", "Schedule a charge for 3 pm."]):
-        history += tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
-        seq = warm.native.open_sequence(1)
-        cached = warm.native.begin(seq, np.array(history, np.int32))
-        logits = warm.native.forward(seq, np.array(history[cached:], np.int32))
-        warm.native.finish(seq)
-        assert np.array_equal(logits, cold.logits(history)[-1]), f"turn {turn}: cached {cached} of {len(history)}"
-        assert turn == 0 or cached > 0
-        history += tok.encode(f"Reply {turn} with some words.<|im_end|>\n").ids
-        if turn == 2:
-            warm.native.evict(3, "test")
-    warm.check_integrity()
-    assert warm.snapshot()["kv_staged_pages"] == 0
-
-
 def test_refusals(root):
     from app.engine import load_engine
 
