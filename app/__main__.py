@@ -118,7 +118,7 @@ def _agent(args, eng, system_timestamp: bool = False, follow_up: str | None = No
                          follow_up=follow_up or s.follow_up)
     kit = Toolkit(fns, timeout_s=s.tool_timeout_s)
     agent = Agent(eng, kit, limits=limits, sampling=_sampling(args), system_timestamp=system_timestamp,
-                  budget=BudgetPolicy(s.trim_low_water, s.context_tokens))
+                  budget=BudgetPolicy(s.trim_low_water, s.context_tokens, s.trim_ahead))
     if not getattr(args, "no_prewarm", False):
         agent.prewarm()
     return agent

@@ -62,7 +62,7 @@ def make_agent(eng, toolbox: Toolbox, *, sampling, max_tokens: int | None = None
                              follow_up=follow_up or a.follow_up)
     return Agent(eng, kit, limits=limits, sampling=sampling, system_prompt=system_prompt or SYSTEM_PROMPT,
                  system_timestamp=system_timestamp, session_id=session_id, clock=clock,
-                 executor=executor or ProcessExecutor(kit, setup), budget=BudgetPolicy(a.trim_low_water, a.context_tokens))
+                 executor=executor or ProcessExecutor(kit, setup), budget=BudgetPolicy(a.trim_low_water, a.context_tokens, a.trim_ahead))
 
 
 def start(agent, writer, *, prewarm: bool, title: str = "", parent_id: str = "", model: str | None = None,
@@ -181,6 +181,43 @@ def drive(agent, events: Callable[[], Iterator[Event]], on_event: Callable[[Even
             agent.cancel()
     worker.join()
     return interrupted
+
+
+class Ahead:
+    """`kvdeck chat`'s trim-ahead: Agent.trim_ahead() in a thread while the user types the next
+    message; its events go to the store as they come. join() (before the next turn) cancels what is
+    left of it (the pages done stay cached) and returns a line saying what it did, or ""."""
+
+    def __init__(self, agent, sink: Callable[[Event], None] | None):
+        self.agent = agent
+        self.calls: list[EngineCallFinished] = []
+        self.error = ""
+
+        def work() -> None:
+            try:
+                for ev in agent.trim_ahead():
+                    if isinstance(ev, EngineCallFinished):
+                        self.calls.append(ev)
+                    if sink is not None:
+                        sink(ev)
+            except Exception as e:  # the trim stands; the next call computes what is missing
+                self.error = f"{type(e).__name__}: {e}"
+
+        self.thread = threading.Thread(target=work, name="kvdeck-trim-ahead", daemon=True)
+        self.thread.start()
+
+    def join(self) -> str:
+        if self.thread.is_alive():
+            self.agent.cancel()
+        self.thread.join()
+        if self.error:
+            return f"[trim ahead failed: {self.error}]"
+        if not self.calls:
+            return ""
+        c = self.calls[-1]
+        cut = " — cut short by your message, the next call computes the rest" if c.stats.finish_reason == "cancelled" else ""
+        return (f"[context trimmed ahead after turn {c.turn}: {c.trimmed_tokens} oldest tokens dropped, "
+                f"{c.trim_recomputed_tokens} kept tokens computed in {c.stats.prefill_s:.1f} s while you typed{cut}]")
 
 
 # ---- printing -----------------------------------------------------------------------------
@@ -317,6 +354,7 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
     print(f"kvdeck chat — {eng.config.model} ({eng.weight_format} weights, {eng.kv_format} KV, {eng.backend}); "
           f"{where}" + (f"; resumed after turn {agent.turn}" if resume else "") +
           ". Ctrl-C stops a reply; /new starts a new session; empty line or Ctrl-D quits.")
+    ahead = None
     try:
         while True:
             try:
@@ -324,6 +362,10 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
             except (EOFError, KeyboardInterrupt):
                 print()
                 return 0
+            if ahead is not None:
+                note, ahead = ahead.join(), None
+                if note:
+                    print(note)
             if not line:
                 return 0
             if line == "/new":
@@ -337,8 +379,11 @@ def chat(args, load: Callable[[], object], toolbox: Toolbox) -> int:
                 continue
             printer = Printer(agent)
             sink = (lambda ev, p=printer: (writer(ev), p(ev))) if writer else printer
-            drive(agent, lambda: agent.run_turn(line, args.tool_choice), sink)
+            if not drive(agent, lambda: agent.run_turn(line, args.tool_choice), sink) and not printer.failed:
+                ahead = Ahead(agent, writer)  # a trim the next turn would need, while the user types
     finally:
+        if ahead is not None:
+            ahead.join()
         agent.close()
         if writer:
             writer.end_session(agent.session_id)

@@ -25,6 +25,8 @@ The file is $KVDECK_CONFIG or ~/.config/kvdeck/config.toml when it exists:
     trim_low_water = 0.6      # when a call would not fit the context budget, drop whole oldest turns down
                               # to this fraction of it (system prompt, tools and the current turn stay)
     context_tokens = 0        # a cap on the context budget in tokens (0: the model's context and the pool)
+    trim_ahead = true         # after a turn, make the trim the next turn would need and compute the kept
+                              # history while you type (its own ledger row, kind "trim")
 
     [store]
     path = ""                 # the sessions database ("" = kvdeck.db in the user data folder)
@@ -68,6 +70,7 @@ class AgentSettings:
     follow_up: str = "none"
     trim_low_water: float = 0.6  # a trim cuts the prompt to this fraction of the context budget
     context_tokens: int = 0  # cap on the context budget (0: none)
+    trim_ahead: bool = True  # trim after a turn when the next one is expected not to fit (Agent.trim_ahead)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ def load_settings(path: Path | None = None, **overrides) -> Settings:
             if key not in known:
                 raise ConfigError(f"{path}: [agent] has unknown field '{key}' (known: {', '.join(known)})")
         agent = replace(agent, **section)
+        if not isinstance(agent.trim_ahead, bool):
+            raise ConfigError(f"{path}: [agent] trim_ahead must be true or false, got {agent.trim_ahead!r}")
         section = data.get("store", {})
         known = {f.name for f in fields(StoreSettings)}
         for key in section:

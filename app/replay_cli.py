@@ -88,8 +88,9 @@ def replay(args, toolbox: Toolbox) -> int:
     try:
         start(agent, writer, prewarm=new_run.prewarm, title=f"replay of {sid[:7]} with {label}", parent_id=sid,
               model=new_run.model, sink=ledger)
-        for t in turns:
-            if drive(agent, lambda t=t: agent.run_turn(t.user_text, t.tool_choice), sink):
+        for i, t in enumerate(turns):
+            if drive(agent, lambda t=t: agent.run_turn(t.user_text, t.tool_choice), sink) or (
+                    i + 1 < len(turns) and drive(agent, agent.trim_ahead, sink)):  # as the console does between turns
                 sys.stderr.write("kvdeck: replay interrupted\n")
                 return 130
     finally:

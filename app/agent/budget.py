@@ -15,6 +15,14 @@ recomputation of the kept history. Never dropped: the static prefix (system prom
 schemas: pinned, cached) and the turn in progress with its tool exchange. When even that does
 not fit, the call is refused with ContextOverflow (the turn fails and is rolled back).
 
+Trim ahead: after a turn ends, `ContextKeeper.ahead` asks whether the next turn — expected to
+add as many tokens as the largest of the last three turns — would need a trim; if so the trim is
+made now and the Agent computes the kept history into the prefix cache while the user reads and
+types (an engine call of its own, kind "trim"), so the next call serves it from the cache instead
+of recomputing it before its first token. Cancelled (the user sent the next message first), the
+pages done stay cached and the next call computes the rest; its ledger counts those tokens as
+the trim's recomputation (`carried`).
+
 `plan_trim` is the pure policy on token spans; `ContextKeeper` applies it to an Agent's
 CanonicalPrompt and PrefixDetector before each call.
 """
@@ -37,10 +45,12 @@ class ContextOverflow(ValueError):
 @dataclass(frozen=True)
 class BudgetPolicy:
     """How a session keeps inside its budget. low_water: the fraction of the budget a trim cuts
-    the prompt down to; max_context: a cap in tokens below the model and the pool (0: none)."""
+    the prompt down to; max_context: a cap in tokens below the model and the pool (0: none);
+    ahead: trim after a turn when the next one is expected not to fit (Agent.trim_ahead)."""
 
     low_water: float = 0.6
     max_context: int = 0
+    ahead: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_water < 1.0:
@@ -110,10 +120,29 @@ class PreparedCall:
     budget: ContextBudget
     trim: Trim | None = None
     untrimmed_computed: int = 0  # tokens the untrimmed request would have computed (not reusable)
+    carried: int = 0  # kept-history tokens a cancelled trim-ahead left for this call to compute
 
     def recomputed(self, computed_tokens: int) -> int:
-        """Tokens computed because of the trim: the kept history, now at new positions."""
-        return max(0, computed_tokens - self.untrimmed_computed) if self.trim else 0
+        """Tokens computed because of the trim: the kept history, now at new positions (or what a
+        cancelled trim-ahead left of it)."""
+        if self.trim:
+            return max(0, computed_tokens - self.untrimmed_computed)
+        return min(computed_tokens, self.carried)
+
+
+def expected_turn_tokens(history: Sequence[TurnSpan], last: int = 3) -> int:
+    """What the next turn is expected to add: the largest of the last `last` turns (a user message,
+    its tool exchange and the reply), 0 without history."""
+    return max((len(s) for s in history[-last:]), default=0)
+
+
+@dataclass(frozen=True)
+class AheadTrim:
+    """A trim made after a turn ended, for the next one: what it dropped and the prompt it left."""
+
+    trim: Trim
+    budget: ContextBudget
+    expected_tokens: int  # what the next turn was expected to add (its header included)
 
 
 class ContextKeeper:
@@ -126,6 +155,7 @@ class ContextKeeper:
         self.model_context = engine.config.max_position_embeddings
         self.pinned_tokens = 0  # the static prefix this session pinned (Agent.prewarm sets it)
         self.trims: list[Trim] = []  # every trim made, oldest first (Trim.describe() says what it did)
+        self.carried = 0  # kept-history tokens a cancelled trim-ahead left uncomputed (the next call's)
 
     def budget(self) -> ContextBudget:
         snap = self.engine.snapshot()
@@ -142,8 +172,9 @@ class ContextKeeper:
         budget = self.budget()
         history = prompt.turns()[:-1]  # the last turn is the one in progress
         plan = plan_trim(len(ids), history, reserve, budget.tokens, self.policy.low_water)
+        carried, self.carried = self.carried, 0
         if plan is None:
-            return PreparedCall(ids, segs, check, budget)
+            return PreparedCall(ids, segs, check, budget, carried=carried)
         if not plan.fits:
             raise ContextOverflow(
                 f"the turn in progress needs {plan.kept_tokens} prompt tokens + {reserve} for the reply, more than "
@@ -157,3 +188,20 @@ class ContextKeeper:
         if check.broken:  # the kept history moved: a trim, not a cache killer (segment "history")
             check = replace(check, segment="history", changed_segments=trim.segments)
         return PreparedCall(ids, segs, check, budget, trim, untrimmed_computed)
+
+    def ahead(self, prompt: CanonicalPrompt, reserve: int) -> AheadTrim | None:
+        """After a turn ended: trim now (CanonicalPrompt.trim) when the next turn, expected to add
+        expected_turn_tokens() + the assistant header, would not fit with `reserve` for its reply;
+        None (nothing changed) when it would fit or there is no older turn to drop. The last turn
+        is always kept."""
+        spans = prompt.turns()
+        if len(spans) < 2:
+            return None
+        budget = self.budget()
+        expected = expected_turn_tokens(spans) + prompt.header_tokens
+        plan = plan_trim(len(prompt.ids) + expected, spans[:-1], reserve, budget.tokens, self.policy.low_water)
+        if plan is None or plan.drop == 0:
+            return None
+        trim = prompt.trim(plan.drop)
+        self.trims.append(trim)
+        return AheadTrim(trim, budget, expected)

@@ -4,6 +4,7 @@
     for event in agent.prewarm(): ...            # the static prefix as an engine call of its own
     for event in agent.run_turn("How hot is the board?", tool_choice="auto"):
         match event: ...
+    for event in agent.trim_ahead(): ...         # idle time: a trim the next turn would need, made now
 
 Per user turn, at most `max_steps` engine calls: each call sends the whole canonical prompt
 (token ids, appended to, never re-rendered); a reply that is a tool call is executed through the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 
 from app.agent.budget import BudgetPolicy, ContextKeeper, ContextOverflow
@@ -31,7 +32,7 @@ from app.agent.parse import CallParseError, parse_call, split_call, call_format_
 from app.agent.prompt import SYSTEM_PROMPT, CanonicalPrompt
 from app.agent.toolkit import Toolkit
 from app.config import RunConfig
-from app.engine import Engine, EngineError, KvPoolFull, SamplingParams
+from app.engine import CancelFlag, Engine, EngineError, KvPoolFull, SamplingParams
 from app.engine.chat_format import chat_format_for
 from app.events import (
     CacheEvent,
@@ -107,6 +108,7 @@ class Agent:
         self._static_sent = False
         self._cancel = threading.Event()
         self._gen = None
+        self._ahead_flag = None  # the CancelFlag of a trim-ahead computation in flight
         self._llt = None
         self._no_opener = None
         self._grammars: dict[str, str] = {}
@@ -162,6 +164,55 @@ class Agent:
         self.detector.record(static, self.prompt.segments[:2], [], "stop")
         return out
 
+    def trim_ahead(self) -> Iterator[Event]:
+        """After a turn ended, in idle time: when the next turn is expected not to fit the context
+        budget (ContextKeeper.ahead), trim the oldest whole turns now and compute the kept history
+        into the prefix cache — an engine call of its own (the last turn's number, stats.kind
+        "trim", no generated token) — so the next call serves it from the cache. Yields nothing
+        when no trim is due, the prefix cache is off or the policy's `ahead` is off. cancel()
+        stops the computation between layers: the pages done stay cached, the next call computes
+        the rest and counts it as the trim's recomputation. Never raises for an engine error: the
+        trim stands and the next call computes what is missing."""
+        if not self.context.policy.ahead or not self.engine.prefix_cache or self.turn == 0:
+            return
+        ahead = self.context.ahead(self.prompt, self.limits.max_tokens)  # a free reply's reserve (auto / none)
+        if ahead is None:
+            return
+        ids, segs = list(self.prompt.ids), list(self.prompt.segments)
+        check = self.detector.check(ids, segs)
+        if check.broken:  # the kept history moved: a trim (segment "history"), as in prepare()
+            check = replace(check, segment="history", changed_segments=ahead.trim.segments)
+        turn = self.turn
+        self.call_index += 1
+        call = self.call_index
+        self._ahead_flag = flag = CancelFlag()  # cancel() sets it from here on (and _cancel before)
+        try:
+            if self._cancel.is_set():  # cancelled before the flag existed (run_turn clears it)
+                flag.set()
+            yield self._ev(EngineCallStarted, turn, call, len(ids), "none")
+            res = self.session.precompute(ids, "trim", cancel=flag)
+        except (EngineError, ValueError):  # e.g. the pool is full: the next call computes it
+            self.detector.record(ids, segs, [], "stop")
+            self.detector.prev_cacheable = 0
+            self.context.carried = len(ids)
+            return
+        finally:
+            self._ahead_flag = None
+        stats = res.stats
+        done = stats.cached_tokens + stats.computed_tokens
+        self.detector.record(ids, segs, [], "stop")
+        self.detector.prev_cacheable = min(self.detector.prev_cacheable, done)
+        self.context.carried = len(ids) - done
+        yield self._ev(EngineCallFinished, turn, call, stats, check.reusable_tokens, 0, "none",
+                       context_budget=ahead.budget.tokens, context_used=len(ids),
+                       trimmed_tokens=ahead.trim.tokens, trim_recomputed_tokens=stats.computed_tokens)
+        yield from self._cache_events(turn, call, res.events)
+        yield self._snapshot(turn, call)
+        if check.broken:
+            yield self._ev(PrefixBreak, turn, call, "trimmed", check.common_tokens, check.segment,
+                           check.promised_tokens, stats.cached_tokens, check.before, check.old, check.new,
+                           check.changed_segments)
+
     def restore(self, messages: list[tuple[int, str, str, tuple[int, ...]]], calls: int = 0, turns: int = 0) -> None:
         """Continue a stored conversation: (turn, role, content, ids) in order, turn 0 = system, tools;
         `calls` / `turns` = the engine calls and turns it recorded, failed ones included (the next
@@ -189,6 +240,9 @@ class Agent:
         gen = self._gen
         if gen is not None and hasattr(gen, "cancel"):
             gen.cancel()
+        flag = self._ahead_flag
+        if flag is not None:
+            flag.set()
 
     def close(self) -> None:
         """Release the session's pins and stop the executor's worker. Idempotent."""

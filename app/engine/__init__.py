@@ -3,6 +3,7 @@
 Imports flow one way: nothing here imports the agent, the store, telemetry or the UI.
 """
 
+from app.engine._native import CancelFlag  # stops a Session.precompute between layers (set() from any thread)
 from app.engine.engine import Engine, Generation, Prewarm, TokenConstraint
 from app.engine.session import Session
 from app.engine.errors import EngineError, KvPoolFull
@@ -10,6 +11,7 @@ from app.engine.loader import default_models_dir, load_engine
 from app.engine.types import CallStats, ModelConfig, SamplingParams
 
 __all__ = [
+    "CancelFlag",
     "CallStats",
     "Engine",
     "EngineError",

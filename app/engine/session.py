@@ -1,4 +1,5 @@
-"""A conversation's handle on the engine (Engine.session()): its history, pins and pre-warm.
+"""A conversation's handle on the engine (Engine.session()): its history, pins, pre-warm and
+precomputed prefixes (a trim made ahead of the next call).
 
 Contracts (see app/engine/engine.py for the engine's): every call of a session sends the whole
 prompt as token ids and its ledger is the returned Generation's `stats`; `new_tokens` counts
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from app.engine import _native
 from app.engine.engine import Engine, Generation, Prewarm, TokenConstraint, _call_stats
 from app.engine.errors import EngineError
 from app.engine.types import CallStats, SamplingParams
@@ -63,27 +65,43 @@ class Session:
         """Compute `ids` (what is not cached yet), cache and pin it: an engine call of its own
         (stats.kind "prewarm", no generated token), so the ledger sums to all the work done.
         The ids count as sent by this session: the next call's new_tokens excludes them."""
+        return self._compute(ids, "prewarm", pin=True)
+
+    def precompute(self, ids: Sequence[int], kind: str = "trim", cancel=None) -> Prewarm:
+        """Compute `ids` into the prefix cache ahead of the call that will send them (not pinned):
+        an engine call of its own with stats.kind `kind` and no generated token. `cancel` (a
+        native CancelFlag) stops it between layers: finish_reason "cancelled", the pages computed
+        so far stay cached, stats.computed_tokens says how many were."""
+        return self._compute(ids, kind, pin=False, cancel=cancel)
+
+    def _compute(self, ids: Sequence[int], kind: str, pin: bool, cancel=None) -> Prewarm:
         self._check_open()
         eng = self.engine
         if not eng.prefix_cache:
-            raise EngineError("prewarm needs the prefix cache (engine loaded with prefix_cache=False)")
+            raise EngineError(f"{kind} needs the prefix cache (engine loaded with prefix_cache=False)")
         if len(ids) == 0:
-            raise EngineError("prewarm needs a non-empty prefix")
+            raise EngineError(f"{kind} needs a non-empty prefix")
         native = eng.native
         prompt = list(ids)
         dropped0 = native.dropped_events
+        finish = "stop"
         t0 = time.perf_counter()
         seq = native.open_sequence(self.id)
         try:
             cached = native.begin(seq, np.asarray(prompt, np.int32))
-            eng._forward(seq, prompt[cached:])
+            computed = len(prompt) - cached
+            try:
+                eng._forward(seq, prompt[cached:], cancel=cancel)
+            except _native.CancelledError as e:
+                computed = int(e.args[0]) if e.args else 0
+                finish = "cancelled"
         finally:
             native.finish(seq)
         prefill_s = time.perf_counter() - t0
-        n = self.pin(prompt)
+        n = self.pin(prompt) if pin else 0
         events = native.drain_events()
-        stats = _call_stats(eng, prompt, self, cached, len(prompt) - cached, prefill_s, prefill_s, 0.0, 0,
-                            "stop", events, "prewarm", dropped0)
+        stats = _call_stats(eng, prompt, self, cached, computed, prefill_s, prefill_s, 0.0, 0,
+                            finish, events, kind, dropped0)
         self.seen_ids = prompt
         self.calls.append(stats)
         return Prewarm(stats=stats, events=events, pinned_tokens=n)

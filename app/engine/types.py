@@ -82,6 +82,7 @@ class CallStats:
     threads: int = 0
     events_dropped: int = 0  # cache events the native ring lost during the call (ring full)
     kind: str = "generate"  # "generate" | "prewarm" (the static prefix computed ahead of call 1)
+    # | "trim" (the kept history after a trim made ahead of the next call, computed in idle time)
 
     def as_dict(self) -> dict:
         return asdict(self)

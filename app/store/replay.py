@@ -102,7 +102,8 @@ def system_prompt_of(store: Store, sid: str) -> str | None:
 
 # ---- the comparison ------------------------------------------------------------------------
 def summary(calls: list[dict], answers: list[str | None]) -> dict:
-    """Seed 000's figures from a ledger (engine_calls rows): TTFT per call, total engine time,
+    """Seed 000's figures from a ledger (engine_calls rows): TTFT per call (not the trim-ahead calls,
+    which answer no one), total engine time (theirs included and shown on its own line),
     cumulative computed prefill tokens, decode tok/s, peak KV bytes."""
     dec_t = sum(c["decode_s"] or 0 for c in calls)
     dec_n = sum(c["decode_tokens"] or 0 for c in calls)
@@ -112,9 +113,10 @@ def summary(calls: list[dict], answers: list[str | None]) -> dict:
                 * (c["kv_bytes_per_token"] or 0) for c in calls), default=0)
     return {
         "calls": len(calls),
-        "ttft_s": [round(c["ttft_s"] or 0, 4) for c in calls],
+        "ttft_s": [round(c["ttft_s"] or 0, 4) for c in calls if c["kind"] != "trim"],
         "total_s": round(sum((c["prefill_s"] or 0) + (c["decode_s"] or 0) for c in calls), 3),
         "prewarm_s": round(sum((c["prefill_s"] or 0) for c in calls if c["kind"] == "prewarm"), 3),
+        "trim_ahead_s": round(sum((c["prefill_s"] or 0) for c in calls if c["kind"] == "trim"), 3),
         "prefill_s": round(sum(c["prefill_s"] or 0 for c in calls), 3),
         "decode_s": round(dec_t, 3),
         "decode_tokens": dec_n,
@@ -164,6 +166,7 @@ def summary_table(cmp: dict, a_label: str, b_label: str) -> list[str]:
         ("TTFT per call (s)", " ".join(f"{t:.2f}" for t in a["ttft_s"]), " ".join(f"{t:.2f}" for t in b["ttft_s"])),
         ("total engine time (s)", f"{a['total_s']:.2f}", f"{b['total_s']:.2f}"),
         ("  of which pre-warm (s)", f"{a['prewarm_s']:.2f}", f"{b['prewarm_s']:.2f}"),
+        ("  of which trim-ahead (s)", f"{a.get('trim_ahead_s', 0):.2f}", f"{b.get('trim_ahead_s', 0):.2f}"),
         ("  prefill / decode (s)", f"{a['prefill_s']:.2f} / {a['decode_s']:.2f}", f"{b['prefill_s']:.2f} / {b['decode_s']:.2f}"),
         ("decode tokens", str(a["decode_tokens"]), str(b["decode_tokens"])),
         ("computed prefill tokens", str(a["computed_tokens"]), str(b["computed_tokens"])),

@@ -1,8 +1,11 @@
 """KvdeckApp: the console. Owns the ConsoleState, the loaded engine + agent and the workers.
 
-Threads: the UI thread owns the state and every widget; the load worker and the turn worker
-(`@work(thread=True)`) only post messages (app.tui.messages). The engine's public calls are
-safe from any thread; the worker drives the agent, the UI reads pool snapshots.
+Threads: the UI thread owns the state and every widget; the load worker, the turn worker and the
+trim-ahead worker (`@work(thread=True)`) only post messages (app.tui.messages). The engine's
+public calls are safe from any thread; the workers drive the agent, one at a time (`_agent_lock`),
+the UI reads pool snapshots. After a finished turn the trim-ahead worker runs Agent.trim_ahead()
+while the input is free again; a message sent meanwhile cancels it (the pages done stay cached)
+and its turn starts as soon as the trim's ledger is in.
 A 50 ms timer measures the event loop's lateness (the longest UI stall) while a turn runs.
 """
 
@@ -68,6 +71,8 @@ class KvdeckApp(App):
         self.load_fraction: float | None = None
         self.turn_started = 0.0
         self._cancel = threading.Event()
+        self._agent_lock = threading.Lock()  # one worker drives the agent at a time (turn, trim-ahead)
+        self.ahead_running = False  # a trim-ahead computation is in flight (the status line says so)
         self._last_tick = 0.0
         self.stall_max_s = 0.0  # longest event-loop lateness during the last turn
         if theme:
@@ -105,7 +110,7 @@ class KvdeckApp(App):
 
     def _tick_status(self) -> None:
         m = self.main()
-        if m is not None and m.is_mounted and (self.state.busy or self.load_stage):
+        if m is not None and m.is_mounted and (self.state.busy or self.load_stage or self.ahead_running):
             for w in m.query("#status"):
                 w.update(m.status_text())
             if self.state.busy and self.loaded is not None:
@@ -155,15 +160,36 @@ class KvdeckApp(App):
     def run_turn(self, text: str) -> None:
         worker = get_current_worker()
         loaded = self.loaded
-        try:
-            events = loaded.agent.run_turn(text, loaded.options.tool_choice if loaded.options.tools else "none")
-            outcome = pump_events(events, self.post_message, loaded.engine, telemetry=self.telemetry_source,
-                                  sink=loaded.hooks.on_event,
-                                  cancelled=lambda: worker.is_cancelled or self._cancel.is_set())
-        except Exception as e:  # a bad tool_choice or an engine error ends the turn, not the console
-            self.post_message(TurnEnded("failed", f"{type(e).__name__}: {e}"))
-            return
+        with self._agent_lock:  # a trim-ahead in flight was cancelled by on_submit_prompt: its ledger first
+            try:
+                events = loaded.agent.run_turn(text, loaded.options.tool_choice if loaded.options.tools else "none")
+                outcome = pump_events(events, self.post_message, loaded.engine, telemetry=self.telemetry_source,
+                                      sink=loaded.hooks.on_event,
+                                      cancelled=lambda: worker.is_cancelled or self._cancel.is_set())
+            except Exception as e:  # a bad tool_choice or an engine error ends the turn, not the console
+                self.post_message(TurnEnded("failed", f"{type(e).__name__}: {e}"))
+                return
         self.post_message(TurnEnded("cancelled" if self._cancel.is_set() else outcome))
+
+    @work(thread=True, group="ahead")
+    def trim_ahead(self, loaded: Loaded) -> None:
+        """After a finished turn: Agent.trim_ahead() (a trim the next turn would need, computed now).
+        Not cancelled by the worker machinery, only through Agent.cancel(), so its ledger always lands."""
+        ahead = getattr(loaded.agent, "trim_ahead", None)
+        if ahead is None:
+            return
+        with self._agent_lock:
+            self.ahead_running = True  # before the check: a submit from now on cancels it
+            if self.loaded is not loaded or self.state.busy:
+                self.ahead_running = False
+                return  # reloaded, or the next turn came first
+            try:
+                pump_events(ahead(), self.post_message, loaded.engine, telemetry=self.telemetry_source,
+                            sink=loaded.hooks.on_event)
+            except Exception as e:  # the trim stands; the next call computes what is missing
+                self.call_from_thread(self.state.note, "error", f"trim ahead failed: {type(e).__name__}: {e}")
+            finally:
+                self.ahead_running = False
 
     def _guard(self, agent, options: ConsoleOptions) -> None:
         """Make the agent ask before its side-effect tools run (ConfirmingExecutor)."""
@@ -213,9 +239,21 @@ class KvdeckApp(App):
         self.state.note("notice", "cancelling…")
         self.sync()
 
+    def _stop_ahead(self, loaded: Loaded | None = None, wait_s: float = 0.0) -> None:
+        """Cancel a trim-ahead in flight (its pages done stay cached); with wait_s, wait for its
+        worker to give the agent back (closing a session)."""
+        loaded = loaded or self.loaded
+        if loaded is not None and self.ahead_running:
+            cancel = getattr(loaded.agent, "cancel", None)
+            if cancel is not None:
+                cancel()
+        if wait_s and self._agent_lock.acquire(timeout=wait_s):
+            self._agent_lock.release()
+
     # ---- messages -----------------------------------------------------------------------------
     def on_submit_prompt(self, msg: SubmitPrompt) -> None:
         self._cancel.clear()
+        self._stop_ahead()
         self.state.busy = True
         self.turn_started = time.monotonic()
         self.stall_max_s = 0.0
@@ -245,6 +283,8 @@ class KvdeckApp(App):
     def on_turn_ended(self, msg: TurnEnded) -> None:
         self.state.busy = False
         self.state.call_prompt = 0
+        if msg.outcome == "finished" and self.loaded is not None:
+            self.trim_ahead(self.loaded)
         if msg.outcome == "cancelled":
             self.state.note("notice", "turn cancelled; the session continues")
         elif msg.error:
@@ -301,6 +341,7 @@ class KvdeckApp(App):
         """End a loaded agent's session: the store's end hook, then the agent's pins and executor."""
         if loaded is None:
             return
+        self._stop_ahead(loaded, wait_s=10.0)
         if loaded.hooks.end is not None:
             loaded.hooks.end(loaded.agent)
         close = getattr(loaded.agent, "close", None) or getattr(loaded.agent.session, "close", None)

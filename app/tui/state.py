@@ -43,7 +43,7 @@ class CallRow:
 
     turn: int
     call: int
-    kind: str  # "prewarm" | "generate"
+    kind: str  # "prewarm" | "generate" | "trim" (CallStats.kind)
     prompt: int
     cached: int
     computed: int
@@ -169,7 +169,7 @@ class ConsoleState:
         dec_s = sum(c.decode_s for c in calls)
         comp = sum(c.computed for c in calls)
         pre_s = sum(c.prefill_s for c in calls)
-        gen = [c for c in calls if c.kind != "prewarm"]
+        gen = [c for c in calls if c.kind == "generate"]  # a time to first token is a reply's
         return {
             "calls": len(calls), "prompt": prompt, "cached": cached, "computed": comp,
             "new": sum(c.new for c in calls), "waste": sum(c.waste for c in calls),
@@ -248,10 +248,16 @@ class ConsoleState:
                 for e in self.entries:
                     if e.kind == "answer" and e.call == call and e.turn == turn:
                         e.done = True
-                if st.finish_reason in ("cancelled", "pool_full"):
+                if st.finish_reason in ("cancelled", "pool_full") and st.kind != "trim":
                     self.note("error", f"call {turn}.{call} ended: {st.finish_reason}")
                 dropped = getattr(ev, "trimmed_tokens", 0)
-                if dropped:  # a context trim: expected work, not a cache killer (no banner)
+                if dropped and st.kind == "trim":  # made after the turn, while the user reads and types
+                    self.note("notice", f"context trimmed ahead of the next turn (call {turn}.{call}, "
+                              f"{st.prefill_s:.1f} s of idle time): {dropped} oldest history tokens dropped, "
+                              f"{getattr(ev, 'trim_recomputed_tokens', 0)} kept tokens computed into the cache"
+                              + (" (cut short: the next call computes the rest)" if st.finish_reason == "cancelled"
+                                 else ""), turn)
+                elif dropped:  # a context trim: expected work, not a cache killer (no banner)
                     self.note("notice", f"context trimmed at call {turn}.{call}: {dropped} oldest history tokens "
                               f"dropped, {getattr(ev, 'trim_recomputed_tokens', 0)} kept tokens recomputed; "
                               f"{getattr(ev, 'context_used', 0)} of a {getattr(ev, 'context_budget', 0)}-token "

@@ -213,3 +213,90 @@ def test_a_turn_that_cannot_fit_fails_cleanly_and_the_next_turn_works(root, tmp_
     assert isinstance(events[-1], TurnFinished)
     assert not [e for e in events if isinstance(e, PrefixBreak)]  # the failed turns left no trace in the prefix
     eng.check_integrity()
+
+
+# ---- trim ahead ---------------------------------------------------------------------------------
+def _long_session(root, tmp_path, ahead: bool, turns: int = 12):
+    import tools
+    from app.agent import Agent, AgentLimits, Toolkit
+    from app.engine import load_engine
+
+    tools.configure(workspace=tmp_path, notes_dir=tools.notes_dir())
+    eng = load_engine(root, weights="nvfp4", threads=1, kv_pages=40)
+    agent = Agent(eng, Toolkit([tools.calculate, tools.now]), limits=AgentLimits(max_steps=1, max_tokens=8),
+                  budget=BudgetPolicy(low_water=0.8, ahead=ahead))
+    agent.prewarm()
+    events = []
+    for t in range(turns):
+        events += agent.run_turn(f"Say hello number {t}.", tool_choice="none")
+        if t + 1 < turns:
+            events += agent.trim_ahead()  # between turns, as the console does
+    return eng, agent, events
+
+
+def test_trim_ahead_makes_the_trim_between_turns_and_the_next_call_reuses_it(root, tmp_path):
+    from app.events import EngineCallFinished, PrefixBreak, TurnFailed, TurnFinished
+
+    eng, agent, events = _long_session(root, tmp_path, ahead=True)
+    assert not [e for e in events if isinstance(e, TurnFailed)]
+    assert len([e for e in events if isinstance(e, TurnFinished)]) == 12
+    calls = [e for e in events if isinstance(e, EngineCallFinished) and e.stats.kind != "prewarm"]
+    ahead = [i for i, c in enumerate(calls) if c.stats.kind == "trim"]
+    assert ahead, "a 640-token pool cannot hold 12 turns without a trim"
+    assert not [c for c in calls if c.stats.kind == "generate" and c.trimmed_tokens], \
+        "every trim was made ahead: no reply call waited for one"
+    for i in ahead:
+        trim, nxt = calls[i], calls[i + 1]
+        st = trim.stats
+        # its own ledger row: the kept history computed (not served), nothing generated
+        assert st.decode_tokens == 0 and trim.output_tokens == 0 and st.finish_reason == "stop"
+        assert st.cached_tokens + st.computed_tokens == st.prompt_tokens
+        assert trim.trim_recomputed_tokens == st.computed_tokens > 0 and trim.trimmed_tokens > 0
+        assert st.cached_tokens >= agent.prompt.static_tokens // 16 * 16  # the pinned static prefix
+        # the next reply's prompt extends the trimmed one and is served from the cache up to it
+        assert nxt.stats.kind == "generate" and nxt.trim_recomputed_tokens == 0
+        assert nxt.stats.cached_tokens >= st.prompt_tokens // 16 * 16
+    breaks = [b for b in events if isinstance(b, PrefixBreak)]
+    assert {b.call for b in breaks} == {calls[i].call for i in ahead}  # the trims' own, none on a reply
+    assert all(b.cause == "trimmed" and b.segment == "history" for b in breaks)
+    assert [t.tokens for t in agent.context.trims] == [calls[i].trimmed_tokens for i in ahead]
+    eng.check_integrity()
+
+    # the same conversation with trims made in the calls: the user waits for the recomputation there
+    _, _, events_in = _long_session(root, tmp_path, ahead=False)
+    in_call = [e for e in events_in if isinstance(e, EngineCallFinished) and e.trimmed_tokens]
+    assert in_call and all(c.stats.kind == "generate" for c in in_call)
+    worst_wait = max(calls[i + 1].stats.computed_tokens for i in ahead)
+    assert worst_wait < min(c.stats.computed_tokens for c in in_call)
+
+
+def test_a_cancelled_trim_ahead_leaves_the_rest_to_the_next_call(root, tmp_path):
+    from app.events import EngineCallFinished, EngineCallStarted, PrefixBreak
+
+    eng, agent, events = _long_session(root, tmp_path, ahead=False, turns=6)
+    agent.context.policy = BudgetPolicy(low_water=0.5, ahead=True)
+    # a cap that the next turn would pass: the trim is due now
+    agent.context.policy = BudgetPolicy(low_water=0.5, max_context=len(agent.prompt.ids) + 24, ahead=True)
+    gen = agent.trim_ahead()
+    started = next(gen)
+    assert isinstance(started, EngineCallStarted)
+    agent.cancel()  # the user sent the next message before the computation began
+    rest = list(gen)
+    (trim,) = [e for e in rest if isinstance(e, EngineCallFinished)]
+    st = trim.stats
+    assert st.kind == "trim" and st.finish_reason == "cancelled"
+    left = st.prompt_tokens - st.cached_tokens - st.computed_tokens
+    assert left > 0 and agent.context.carried == left
+    agent.context.policy = BudgetPolicy(low_water=0.5, ahead=True)  # the cap gone: the next call fits untrimmed
+    after = list(agent.run_turn("And now?", tool_choice="none"))
+    (nxt,) = [e for e in after if isinstance(e, EngineCallFinished)]
+    assert nxt.trimmed_tokens == 0 and nxt.trim_recomputed_tokens == left  # the rest, counted as the trim's
+    assert nxt.stats.computed_tokens >= left
+    assert not [b for b in after if isinstance(b, PrefixBreak)]  # a shortfall was expected, not reported
+    assert agent.context.carried == 0
+    eng.check_integrity()
+
+
+def test_no_trim_ahead_while_the_next_turn_fits(root, tmp_path):
+    _, agent, events = _long_session(root, tmp_path, ahead=True, turns=2)
+    assert list(agent.trim_ahead()) == [] and not agent.context.trims

@@ -209,3 +209,31 @@ def test_chat_says_when_the_pool_is_too_small_and_keeps_the_session(root, tmp_pa
     store = Store.open(db)
     (sid,) = [r["id"] for r in store.list_sessions()]
     assert [t["status"] for t in store.rows("turns", sid)] == ["complete", "failed", "complete"]
+
+
+def test_chat_trims_ahead_between_prompts_and_stores_the_trim_as_a_call(root, tmp_path):
+    db = tmp_path / "t.db"
+    msg = "Tell me about the fans. " * 8  # ~100 tokens a turn: the third reply leaves no room for a fourth
+    lines = "".join(f"{msg}{k}\n" for k in range(6)) + "\n"
+    chat = subprocess.run(
+        [sys.executable, "-m", "app", "chat", "--db", str(db), "--kv-pages", "30", "--no-tools", "--no-prewarm",
+         "--max-tokens", "6", "--threads", "1", "--tool-choice", "none"],
+        input=lines, capture_output=True, cwd=tmp_path, env=_env(tmp_path), text=True, timeout=300)
+    assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
+    assert "[context trimmed ahead after turn" in chat.stdout, chat.stdout
+    store = Store.open(db)
+    (sid,) = [r["id"] for r in store.list_sessions()]
+    assert [t["status"] for t in store.rows("turns", sid)] == ["complete"] * 6
+    calls = store.rows("engine_calls", sid)
+    trims = [c for c in calls if c["kind"] == "trim"]
+    assert trims and all(c["trimmed_tokens"] > 0 and c["decode_tokens"] == 0 for c in trims)
+    assert any(c["call"] + 1 in {d["call"] for d in calls} for c in trims), "a trim ahead of a prompt"
+    # every token computed is in the ledger: a trim cut short by the next prompt leaves the rest to
+    # the next call, which counts it as the trim's recomputation
+    for t in trims:
+        nxt = next((c for c in calls if c["call"] == t["call"] + 1), None)
+        if nxt is None:  # after the last prompt: cancelled when the chat ended
+            continue
+        left = t["prompt_tokens"] - t["cached_tokens"] - t["computed_tokens"]
+        assert nxt["kind"] == "generate" and nxt["trimmed_tokens"] == 0
+        assert nxt["trim_recomputed_tokens"] == left and nxt["computed_tokens"] >= left

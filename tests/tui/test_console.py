@@ -185,3 +185,41 @@ async def test_settings_validate_and_reload_the_engine(builder):
         await wait_for(pilot, lambda: app.loaded is not None and app.loaded.agent is not first, timeout=120)
         assert app.options.max_tokens == 5 and app.loaded.agent.limits.max_tokens == 5
         assert any("reloading" in e.text for e in app.state.entries)
+
+
+@pytest.mark.anyio
+async def test_a_trim_ahead_runs_while_the_input_is_free_and_a_message_cancels_it(shared_engine, tmp_path):
+    """Two ~1,030-token messages under a 2,600-token budget: after the second reply the console trims
+    ahead (turn 1 dropped, the kept history computed into the cache) with the input free; a message
+    sent meanwhile cancels it, its ledger row lands first and the turn runs."""
+    import tools
+    from app.agent import Agent, AgentLimits, Toolkit
+    from app.agent.budget import BudgetPolicy
+
+    def build(opts, progress):
+        tools.configure(workspace=str(tmp_path), notes_dir=None)
+        return shared_engine, Agent(shared_engine, Toolkit([]), limits=AgentLimits(max_tokens=opts.max_tokens),
+                                    budget=BudgetPolicy(max_context=2600, ahead=True))
+
+    app = KvdeckApp(build, OPTS.with_(tools=False), sampler=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _loaded(pilot, app)
+        for k in range(2):
+            await _send(pilot, " ".join(f"valve{k}{i} at {i % 5} mm;" for i in range(110)))
+            await wait_for(pilot, lambda: not app.state.busy and app.state.calls[-1].kind == "generate",
+                           timeout=180)
+        await wait_for(pilot, lambda: app.ahead_running and app.state.call_prompt > 0, timeout=30)
+        status = shown(app.screen.query_one("#status"))
+        assert "trimming ahead" in status and "sending cancels it" in status
+        n = len(app.state.calls)
+        await _send(pilot, "Short one.")  # the input is free: the message is taken, not refused
+        await wait_for(pilot, lambda: not app.state.busy and len(app.state.calls) == n + 2, timeout=120)
+        trim, reply = app.state.calls[-2:]
+        assert trim.kind == "trim" and trim.finish in ("cancelled", "stop")
+        assert trim.cached + trim.computed <= trim.prompt and trim.decode_tokens == 0
+        assert reply.kind == "generate" and reply.turn == 3 and reply.finish in ("stop", "length")
+        assert reply.cached >= trim.cached + trim.computed - 16, "the trim's pages serve the next call"
+        notes = " ".join(e.text for e in app.state.entries if e.kind == "notice")
+        assert "context trimmed ahead of the next turn" in notes
+        stats = shown(app.screen.query_one("#stats")) if app.screen.query("#stats") else ""
+        assert "(trim)" not in stats  # the last call shown is the reply

@@ -162,6 +162,8 @@ class MainScreen(Screen):
             since = time.monotonic() - app.turn_started if app.turn_started else 0.0
             what = f"prefilling {st.call_prompt} tokens" if st.call_prompt else "generating"
             t.append(f"turn {st.turn}: {what} ({since:.0f} s) — Esc cancels", style="yellow")
+        elif getattr(app, "ahead_running", False) and st.call_prompt:
+            t.append(f"trimming ahead: computing {st.call_prompt} kept tokens · sending cancels it", style="cyan")
         else:
             tot = st.totals()
             n = tot["calls"]

@@ -40,7 +40,7 @@ def bars(rows: list[CallRow], width: int) -> Text:
     bar_w = max(8, width - 21)
     scale = biggest / bar_w
     for r in rows:
-        t.append(f"{r.label:>5} {r.reuse * 100:3.0f}% ", style="bold" if r.kind != "prewarm" else "dim")
+        t.append(f"{r.label:>5} {r.reuse * 100:3.0f}% ", style="bold" if r.kind == "generate" else "dim")
         n = cells([r.cached, r.fresh, r.waste], scale)
         for k, colour in zip(n, COLORS):
             t.append(" " * k, style=f"on {colour}")  # background cells: exact in terminals and SVG

@@ -20,7 +20,7 @@ def stats_table(state: ConsoleState) -> Table:
     def cell(fmt, value):
         return fmt.format(value) if last is not None else "—"
 
-    t.add_row("call", last.label + (f" ({last.kind})" if last.kind == "prewarm" else "") if last else "—",
+    t.add_row("call", last.label + (f" ({last.kind})" if last.kind != "generate" else "") if last else "—",
               f"{tot['calls']} call{'s' * (tot['calls'] != 1)}")
     t.add_row("TTFT", cell("{:.0f} ms", last.ttft_s * 1000 if last else 0), f"{tot['ttft_s'] * 1000:.0f} ms")
     t.add_row("prefill", cell("{:.0f} tok/s", last.prefill_tok_s if last else 0), f"{tot['prefill_tok_s']:.0f} tok/s")
