@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 import orjson
 
@@ -262,6 +263,7 @@ def _console_builder(args, writer=None):
         # As kvdeck chat / run compose it: tools in a worker process (killed on a timeout).
         agent = make_agent(eng, _toolbox, sampling=_sampling(args), max_tokens=opts.max_tokens, session_id=sid,
                            tools=opts.tools)
+        agent.context.policy = replace(agent.context.policy, ahead=opts.trim_ahead)
         if writer is None:
             return eng, agent
         from app.chat import start
@@ -282,10 +284,11 @@ def cmd_console(args) -> int:
     from app.config import load_settings
     from app.tui import ConsoleOptions, run_console
 
-    s = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads).engine
+    settings = load_settings(model=args.model, weights=args.weights, kv=args.kv, threads=args.threads)
+    s = settings.engine
     opts = ConsoleOptions(model=s.model, weights=s.weights, kv=s.kv, threads=s.threads, max_tokens=args.max_tokens,
                           prewarm=not args.no_prewarm, tool_choice=args.tool_choice, tools=not args.no_tools,
-                          kv_pages=args.kv_pages or 0)
+                          kv_pages=args.kv_pages or 0, trim_ahead=settings.agent.trim_ahead)
     from app.chat import db_path
     from app.store import Store, StoreWriter
     from app.telemetry import Sampler

@@ -28,6 +28,7 @@ class ConsoleOptions:
     threads: int = 0  # 0: all cores
     kv_pages: int = 0  # 0: enough for the model's max context
     prewarm: bool = True  # compute + pin the system + tools prefix before the first turn
+    trim_ahead: bool = True  # after a turn, the trim the next one would need, computed while the user types
     tool_choice: str = "auto"  # auto | required | none | a tool's name
     tools: bool = True  # False: the agent has no tools (a plain chat)
     max_tokens: int = 200

@@ -1,4 +1,4 @@
-"""F4: settings — model, weight / KV format, pool size, threads, pre-warm, tool choice, tools.
+"""F4: settings — model, weight / KV format, pool size, threads, pre-warm, trim ahead, tool choice, tools.
 
 Applying reloads the engine with progress (the main screen's status line and bar); the
 conversation starts again on the new engine. Tab moves between fields, Ctrl+S applies, Esc leaves.
@@ -38,6 +38,7 @@ def parse_options(base: ConsoleOptions, fields: dict[str, object]) -> ConsoleOpt
     return base.with_(model=model, weights=str(fields["weights"]), kv=str(fields["kv"]),
                       kv_pages=count("kv_pages", 0), threads=count("threads", 0),
                       max_tokens=count("max_tokens", 1), prewarm=bool(fields["prewarm"]),
+                      trim_ahead=bool(fields.get("trim_ahead", base.trim_ahead)),
                       tools=bool(fields["tools"]), tool_choice=str(fields["tool_choice"]))
 
 
@@ -76,6 +77,8 @@ class SettingsScreen(ModalScreen):
                 yield Input(str(o.max_tokens), id="max_tokens")
                 yield Label("pre-warm prefix")
                 yield Switch(o.prewarm, id="prewarm")
+                yield Label("trim ahead")
+                yield Switch(o.trim_ahead, id="trim_ahead")
                 yield Label("tools")
                 yield Switch(o.tools, id="tools")
                 yield Label("tool choice")
