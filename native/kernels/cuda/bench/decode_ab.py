@@ -1,6 +1,6 @@
 """Interleaved A/B of the decode step's switches in one process (on a CUDA machine).
 
-    python3 native/kernels/cuda/bench/decode_ab.py [smollm2] [8b] [--reps R]
+    python3 native/kernels/cuda/bench/decode_ab.py [smollm2] [8b [pf8b]] [--reps R]
 
 Each variant is an engine built with its environment switches set (the backend and the kernels
 read them when the backend is created, kernels_cuda.h reload_switches; the CUDA graph is
@@ -49,8 +49,9 @@ def build(env: dict, *args, **kw):
                 os.environ[k] = v
 
 
-def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None) -> dict:
-    """floor: engine -> the roofline µs of its step (or None)."""
+def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None, after=None) -> dict:
+    """floor: engine -> the roofline µs of its step (or None); after: called with the first
+    variant's engine once the decode rounds are done (the 32-layer prefill A/B)."""
     runs = []
     for label, env in variants:
         eng = build(env, *make[0], **make[1])
@@ -81,6 +82,8 @@ def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None) -
         print(f"  {name} {label:32s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs the first){roof}",
               flush=True)
         eng.close_sequence(s)
+    if after:
+        after(runs[0][1])
     return out
 
 
@@ -102,8 +105,15 @@ def main(argv: list[str]) -> int:
             wb = eng.weight_bytes - 128256 * 4096 * 2  # the embedding table: one row a token
             return (wb + mid * eng.kv_bytes_per_token) / (gbs * 1e9) * 1e6 if gbs else None
 
+        def prefill(eng):  # pf8b: bench gpu's 32-layer prefill A/B (new GEMM, v1, NVFP4 on the f16 mma)
+            pf = gpu.prefill_ab(eng, 512, 3)
+            print("  8b prefill 512, 32 layers, interleaved: " + ", ".join(
+                f"{arm} {tps:7.0f} tok/s (x{tps / pf['new']:.3f})" for arm, tps in pf.items())
+                + f"; new = {pf['new'] / gpu.LLAMA_CPP_PP512_8B:.3f}x llama.cpp pp512", flush=True)
+
         ab("8b nvfp4 KV @16", BIG, (("llama3-8b", "nvfp4", "nvfp4", "cuda"),
-                                    dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")), 16, 32, reps, floor)
+                                    dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")), 16, 32, reps, floor,
+           prefill if "pf8b" in argv else None)
     return 0
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [kernels] [real] [seed] [cpu]
-# ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape).
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
+# ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape); with pf8b among the
+#     steps also the 32-layer 8B prefill A/B (new GEMM / KVDECK_CUDA_MMA=v1 / GEMM_NVFP4=f16) on that engine.
+# 8b: `bench gpu` whole (with the seed-000 rows unless noseed is among the steps).
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
@@ -24,6 +26,8 @@ cp build/dev/_native*.so app/engine/
 echo "build: $(( $(date +%s) - t0 )) s"
 # `kvdeck bench gpu` without the CLI's imports (the device image has no orjson)
 gpu='import sys; from app.bench.gpu import run; sys.exit(run(sys.argv[1:]))'
+pf8b=; [[ " $* " == *" pf8b "* ]] && pf8b=pf8b
+noseed=; [[ " $* " == *" noseed "* ]] && noseed=--no-seed
 for step in "$@"; do
   case $step in
     gemm)  # the prefill GEMM against the GEMV chunks it replaced, 8B shapes at M = 512 and 64
@@ -45,7 +49,7 @@ for step in "$@"; do
     bench)
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
     8b)
-      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench.log" ;;
+      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" $noseed 2>&1 | tee "$out/bench.log" ;;
     profile)
       for m in "smollm2-135m" "llama3-8b 8"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
@@ -74,7 +78,7 @@ for step in "$@"; do
       timeout 200 python3 -m pytest -q -p no:cacheprovider tests/native/test_a16.py tests/native/test_attention.py \
         2>&1 | tee "$out/cpu_tests.log" | tail -15 ;;
     ab)  # interleaved A/B of the decode step's switches, one process per model (decode_ab.py)
-      for m in smollm2 8b; do
+      for m in smollm2 "8b $pf8b"; do
         PYTHONPATH=. timeout 240 python3 native/kernels/cuda/bench/decode_ab.py $m 2>&1 | tee -a "$out/ab.log"
       done ;;
     kernels)
