@@ -24,16 +24,11 @@ import numpy as np
 from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
-        ("CTX_BUCKETS=1 (grids for the context)", {"KVDECK_CUDA_CTX_BUCKETS": "1"}),
-        ("SEG=1 OQ8=1 (segment GEMVs, o q8)", {"KVDECK_CUDA_SEG": "1", "KVDECK_CUDA_OQ8": "1"}),
-        ("OQ8=1 (o's q8 in its GEMV)", {"KVDECK_CUDA_OQ8": "1"}),
-        ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"}),
-        ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+        ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
+        ("FUSE=1 (GEMV epilogues)", {"KVDECK_CUDA_FUSE": "1"})]
 BIG = [("defaults", {}),
-       ("CTX_BUCKETS=1 (grids for the context)", {"KVDECK_CUDA_CTX_BUCKETS": "1"}),
-       ("ONEWAVE=1 (q/k/v at U=1)", {"KVDECK_CUDA_ONEWAVE": "1"}),
-       ("CTX_BUCKETS=1 ONEWAVE=1", {"KVDECK_CUDA_CTX_BUCKETS": "1", "KVDECK_CUDA_ONEWAVE": "1"}),
-       ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+       ("CTX_BUCKETS=0 (session 5's step)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
+       ("GEMV_U4=1 (4 chunks a lane)", {"KVDECK_CUDA_GEMV_U4": "1"})]
 
 
 def build(env: dict, *args, **kw):

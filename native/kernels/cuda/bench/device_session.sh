@@ -3,7 +3,7 @@
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
 #   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
 # ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape); with pf8b among the
-#     steps also the 32-layer 8B prefill A/B (new GEMM / KVDECK_CUDA_MMA=v1 / GEMM_NVFP4=f16) on that engine.
+#     steps also the 32-layer 8B prefill A/B (NVFP4 on the f16 mma / on the int8 mma, GEMM_NVFP4=i8) on that engine.
 # 8b: `bench gpu` whole (with the seed-000 rows unless noseed is among the steps).
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
@@ -32,7 +32,7 @@ for step in "$@"; do
   case $step in
     gemm)  # the prefill GEMM against the GEMV chunks it replaced, 8B shapes at M = 512 and 64
       nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
-        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu native/kernels/cuda/gemm_mma_v1.cu \
+        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu \
         native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma 2>&1 | tail -20
       for m in "512 sweep" 64 100; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
     fused)
