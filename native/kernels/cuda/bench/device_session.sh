@@ -4,6 +4,7 @@
 #   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
 # ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape); with pf8b among the
 #     steps also the 32-layer 8B prefill A/B (NVFP4 on the f16 mma / on the int8 mma, GEMM_NVFP4=i8) on that engine.
+# tests: TESTS_K in the environment selects tests by pytest -k (e.g. "not new_attention").
 # 8b: `bench gpu` whole (with the seed-000 rows unless noseed is among the steps).
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
@@ -44,8 +45,8 @@ for step in "$@"; do
         KVDECK_CUDA_NORM_SERIAL=$serial timeout 60 build/check_fused 2>&1 | tee -a "$out/fused.log"
       done ;;
     tests)
-      timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda \
-        tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
+      timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda tests/native/test_backend_ops.py \
+        ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$out/pytest.log" | tail -60 ;;
     bench)
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
     8b)
