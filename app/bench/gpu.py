@@ -12,12 +12,13 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
     per token over the device copy bandwidth measured in the same run).
   * The seed-000 task (app/bench/gpu_seed.py): TTFT per call with the prefix cache on and off,
     on the CUDA and the CPU backend (--no-seed skips it).
-  * Decode A/B of the opt-in switches (both models): context-bucket graphs
-    (KVDECK_CUDA_CTX_BUCKETS=1), and for the 8B q/k/v in one wave (KVDECK_CUDA_ONEWAVE=1).
+  * Decode A/B of the switches (both models): without the context-bucket graphs
+    (KVDECK_CUDA_CTX_BUCKETS=0), and for the 8B with four chunks a lane in flight in the GEMVs of
+    long rows (KVDECK_CUDA_GEMV_U4=1, opt-in).
   * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
     batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu); the 8B model also with
-    KVDECK_CUDA_MMA=v1 (the session-3 GEMM kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the
-    f16 mma, opt-in), interleaved with the default, and its ratio to llama.cpp's pp512.
+    KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma instead of the default f16 mma),
+    interleaved with the default, and its ratio to llama.cpp's pp512.
   * --kernels: native/kernels/cuda/bench/run_bench.py (GEMV vs torch FP16 on the 8B shapes,
     decode attention at 4K / 16K / 32K), its summary folded in.
 Each figure is the median of --reps timed repetitions after a warm-up. Device copy bandwidth:
@@ -115,14 +116,14 @@ def prefill_tps(eng, n: int, reps: int) -> float:
     return n / statistics.median(times)
 
 
-PREFILL_ARMS = {"new": {}, "v1": {"KVDECK_CUDA_MMA": "v1"}, "f16": {"KVDECK_CUDA_GEMM_NVFP4": "f16"}}
+PREFILL_ARMS = {"new": {}, "i8": {"KVDECK_CUDA_GEMM_NVFP4": "i8"}}
 
 
 def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
     """Prefill tok/s (n tokens) per GEMM arm, interleaved rep by rep on the same engine (both
-    switches are read at every launch): "new" the default tensor-core GEMM, "v1" the session-3
-    kernel (KVDECK_CUDA_MMA=v1), "f16" NVFP4 on the f16 mma (KVDECK_CUDA_GEMM_NVFP4=f16, opt-in;
-    its results are validated by bench_gemm_mma, not here). Medians."""
+    switch is read at every launch): "new" the default tensor-core GEMM (NVFP4 on the f16 mma),
+    "i8" NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8; both validated by bench_gemm_mma and
+    tests/cuda). Medians."""
     ids = _ids(n, 2)
     times: dict[str, list[float]] = {arm: [] for arm in PREFILL_ARMS}
     for r in range(reps + 1):
@@ -198,9 +199,9 @@ def smollm2(reps: int, out: dict) -> None:
     del eng
     print(f"  smollm2 f16 KV with the GEMV epilogues (KVDECK_CUDA_FUSE=1): decode {fused:7.1f} µs/token @64",
           flush=True)
-    buckets = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "1"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
+    buckets = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "0"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
                            dict(tensors=t, max_context=4096), 64, reps)
-    print(f"  smollm2 f16 KV with context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=1): decode {buckets:7.1f} "
+    print(f"  smollm2 f16 KV without context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0): decode {buckets:7.1f} "
           f"µs/token @64", flush=True)
     gemv_pf = prefill_gemv_chunks("smollm2-135m", reps, tensors=t, max_context=4096)
     print(f"  smollm2 f16 KV prefill with batch-8 GEMV chunks (KVDECK_CUDA_MMA=0): {gemv_pf:8.0f} tok/s (512)",
@@ -211,7 +212,7 @@ def smollm2(reps: int, out: dict) -> None:
     print(f"  smollm2 on the CPU backend ({cpu.threads} threads): decode {cpu_us:7.1f} µs/token @64, "
           f"prefill {cpu_pf:6.0f} tok/s", flush=True)
     out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_fused_f16": fused,
-                      "decode_us_64_buckets_f16": buckets, "prefill_tps_512_gemv_chunks": gemv_pf,
+                      "decode_us_64_no_buckets_f16": buckets, "prefill_tps_512_gemv_chunks": gemv_pf,
                       "cpu_decode_us_64": cpu_us,
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}
 
@@ -231,7 +232,7 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
             r[f"roofline_us_{ctx}"] = floor
             r[f"roofline_fraction_{ctx}"] = floor / us
     ab = prefill_ab(eng, 512, max(2, reps // 2))
-    r["prefill_tps_512"], r["prefill_tps_512_mma_v1"], r["prefill_tps_512_nvfp4_f16"] = ab["new"], ab["v1"], ab["f16"]
+    r["prefill_tps_512"], r["prefill_tps_512_nvfp4_i8"] = ab["new"], ab["i8"]
     r["prefill_vs_llama_cpp"] = r["prefill_tps_512"] / LLAMA_CPP_PP512_8B
     del eng
     os.environ["KVDECK_CUDA_FUSE"] = "1"  # A/B: the GEMV epilogues (opt-in)
@@ -241,7 +242,7 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
     r["decode_us_16_fused"] = decode_us(eng, 16, 32, reps)
     del eng
     kw8 = dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")
-    for key, env in (("buckets", {"KVDECK_CUDA_CTX_BUCKETS": "1"}), ("onewave", {"KVDECK_CUDA_ONEWAVE": "1"})):
+    for key, env in (("no_buckets", {"KVDECK_CUDA_CTX_BUCKETS": "0"}), ("gemv_u4", {"KVDECK_CUDA_GEMV_U4": "1"})):
         r[f"decode_us_16_{key}"] = ab_decode_us(env, ("llama3-8b", "nvfp4", "nvfp4", "cuda"), kw8, 16, reps, steps=32)
     r["prefill_tps_512_gemv_chunks"] = prefill_gemv_chunks("llama3-8b", 1, tensors=t, head="nvfp4",
                                                            max_context=8192, embed="f16")
@@ -253,12 +254,12 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
               f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
     print(f"  llama3-8b decode with the GEMV epilogues (KVDECK_CUDA_FUSE=1): {r['decode_us_16_fused']:8.1f} "
           f"µs/token @16", flush=True)
-    print(f"  llama3-8b decode with context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=1): "
-          f"{r['decode_us_16_buckets']:8.1f}; q/k/v in one wave (KVDECK_CUDA_ONEWAVE=1): {r['decode_us_16_onewave']:8.1f} µs/token @16", flush=True)
+    print(f"  llama3-8b decode without context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0): "
+          f"{r['decode_us_16_no_buckets']:8.1f}; four chunks a lane in the GEMVs (KVDECK_CUDA_GEMV_U4=1): "
+          f"{r['decode_us_16_gemv_u4']:8.1f} µs/token @16", flush=True)
     print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512) = {r['prefill_vs_llama_cpp']:.2f}x llama.cpp "
-          f"({LLAMA_CPP_PP512_8B} pp512, fa on); session-3 GEMM (KVDECK_CUDA_MMA=v1, interleaved) "
-          f"{r['prefill_tps_512_mma_v1']:8.0f}; NVFP4 on the f16 mma (KVDECK_CUDA_GEMM_NVFP4=f16, opt-in) "
-          f"{r['prefill_tps_512_nvfp4_f16']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "
+          f"({LLAMA_CPP_PP512_8B} pp512, fa on); NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8, "
+          f"interleaved) {r['prefill_tps_512_nvfp4_i8']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "
           f"{r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
 
 

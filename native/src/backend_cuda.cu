@@ -10,14 +10,11 @@
 // KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
 // programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
 // its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill
-// matmuls as batch-8 GEMV chunks instead of the tensor-core GEMM; KVDECK_CUDA_MMA=v1 (the
-// session-3 GEMM kernel) and KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the f16 mma, opt-in) are read
-// by gemm_mma.cu at every launch; KVDECK_CUDA_OQ8=1 quantises a short batch-1 row (the o
-// projection's input) inside its GEMV instead of in a kernel of its own; KVDECK_CUDA_SEG=1
-// runs short-row q/k/v + rope + KV and gate/up + silu as one kernel each (gemv_seg.cu); the
-// kernels' own switches: kernels_cuda.h reload_switches; KVDECK_CUDA_CTX_BUCKETS=1 records a
-// decode step per context bucket of its key with the attention grids sized for the bucket
-// (backend_cuda_state.h; all for A/B measurements).
+// matmuls as batch-8 GEMV chunks instead of the tensor-core GEMM; KVDECK_CUDA_GEMM_NVFP4=i8
+// (NVFP4 on the int8 mma instead of the f16 mma) is read by gemm_mma.cu at every launch;
+// the kernels' own switches: kernels_cuda.h reload_switches; KVDECK_CUDA_CTX_BUCKETS=0 records one
+// decode step per kind instead of one per context bucket of its key with the attention grids
+// sized for the bucket (the default; backend_cuda_state.h; all for A/B measurements).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -104,7 +101,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     p_norm_ = {const_cast<float*>(x), add, w, M, n, eps, y};
   }
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
-    if (q.act.q == seg_from_) seg_from_ = nullptr;  // rewritten: it holds its own q8 again
     q.act.M = M;
     q.act.Kp = round_up(K, kQ8Block);
     const int Kp = q.act.Kp;
@@ -124,7 +120,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       const bool apart = q.act.q + Kp <= p_mv_.xq || p_mv_.xq + p_mv_.Kp <= q.act.q;  // out q8 vs GEMV's input
-      if (M == 1 && seg_silu(u, K, Kp, q)) return;  // gate/up + silu + q8, one launch (opt-in)
       if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // + silu + q8
         cuda::GemvEpilogue e;
         e.kind = cuda::GemvEpilogue::kSiluQ8, e.counter = counter_;
@@ -136,20 +131,14 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       }
     } else {
       flush();
-      if (oq8_ && M == 1 && Kp <= cuda::kFusedSmallKp)
-        p_q8_ = {x, K, Kp, q.act.q, q.act.d, q.act.s};  // the GEMV reading it quantises (matmul)
-      else
-        check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
     }
     q.valid = true;
   }
   // M > 8 (prefill): NVFP4 / W4A8 / W8A8 on the tensor cores (gemm_mma.cu, the same integer
   // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
   // over row chunks of 8, each chunk re-reading the weights.
-  void matmul(const WeightView& w, const float* x, const QuantScratch& xq_in, int M, float* y, int ldy) override {
-    QuantScratch tmp;
-    const QuantScratch& xq = seg_view(xq_in, tmp);
-    if (M == 1 && q8_gemv(w, x, xq, y)) return;  // the held quantize_input + GEMV, one launch (opt-in)
+  void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
@@ -204,10 +193,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
   // Batch 1, NVFP4 or W4A8 (no minimums) sharing Kp: one launch for all (gemv_many_m1).
   // M > 8, one integer format sharing Kp and group (q/k/v, gate/up): one tensor-core GEMM launch.
-  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq_in, int M) override {
+  void matmul_many(const MatmulOut* outs, int n, const float* x, const QuantScratch& xq, int M) override {
     flush();
-    QuantScratch tmp;
-    const QuantScratch& xq = seg_view(xq_in, tmp);
     const WeightView& w0 = *outs[0].w;
     if (M > 8 && mma_ && xq.valid && n <= 4 && is_integer(w0.dtype) && gemm_many(outs, n, xq, M)) return;
     bool one = M == 1 && n >= 2 && n <= 4 && xq.valid && (w0.dtype == DType::NVFP4 || w0.dtype == DType::W4A8);
@@ -248,11 +235,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
       const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
       p_rope_.clear();
-      if (M == 1 && qi >= 0 && seg_rope(qr, kr, k, v, ld, pool.n_kv(), D, int(pool.dtype()), pool.k(layer),
-                                        pool.v(layer), slots)) {  // q/k/v + rope + KV write, one launch (opt-in)
-        unroped_k_ = kr;  // as rope_kv_write, k is left unrotated in its buffer
-        return;
-      }
       if (fuse_ && M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
           p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D && ld == pool.n_kv() * D) {
         cuda::GemvEpilogue e;  // q/k/v GEMV + rope + KV write (+ ctx)
@@ -404,7 +386,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                 outs[i].y};
     g.xq = xq.act.q, g.xd = xq.act.d, g.xs = xq.act.s;
     p_mv_ = g;
-    if (!fuse_ && !seg_held(g)) launch_gemv(nullptr);  // at once: nothing fuses with it
+    if (!fuse_) launch_gemv(nullptr);  // at once: nothing fuses with it
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------

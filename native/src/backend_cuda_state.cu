@@ -47,7 +47,6 @@ CudaState::~CudaState() {
   for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
   cudaStreamSynchronize(st_);
   if (ws_) cudaFree(ws_);
-  cudaFree(seg_q8_.q), cudaFree(seg_q8_.d), cudaFree(seg_q8_.s);
   cudaFree(ctx_);
   cudaFree(counter_);
   cudaFree(part_);
@@ -65,11 +64,6 @@ void CudaState::launch_gemv(const cuda::GemvEpilogue* epi) {
 }
 
 void CudaState::flush() {
-  if (p_q8_.x) {
-    const Q8 z = p_q8_;
-    p_q8_ = {};
-    check(cuda::quantize_act_q8(z.x, 1, z.K, z.Kp, z.q, z.d, z.s, st_, pdl_), "quantize_input");
-  }
   if (p_mv_.n) launch_gemv(nullptr);
   if (p_add_.n) {
     const Add a = p_add_;
@@ -91,87 +85,6 @@ void CudaState::flush() {
     p_rope_.clear();
     for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
   }
-}
-
-bool CudaState::seg_buffer(int Kp) {
-  if (seg_q8_.q && seg_q8_.Kp >= Kp) return true;
-  if (capturing_) return false;
-  check(cudaStreamSynchronize(st_), "stream");
-  cudaFree(seg_q8_.q), cudaFree(seg_q8_.d), cudaFree(seg_q8_.s);
-  seg_q8_ = {};
-  check(cudaMalloc(&seg_q8_.q, Kp), "cudaMalloc");
-  check(cudaMalloc(&seg_q8_.d, Kp / 32 * sizeof(float)), "cudaMalloc");
-  check(cudaMalloc(&seg_q8_.s, Kp / 32 * sizeof(int32_t)), "cudaMalloc");
-  seg_q8_.M = 1, seg_q8_.Kp = Kp;
-  return true;
-}
-
-const QuantScratch& CudaState::seg_view(const QuantScratch& xq, QuantScratch& tmp) const {
-  if (!seg_from_ || xq.act.q != seg_from_) return xq;
-  tmp = xq;
-  tmp.act.q = seg_q8_.q, tmp.act.d = seg_q8_.d, tmp.act.s = seg_q8_.s;
-  return tmp;
-}
-
-bool CudaState::seg_silu(const Silu& u, int K, int Kp, QuantScratch& q) {
-  if (!(seg_held(p_mv_) && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && seg_buffer(Kp))) return false;
-  cuda::GemvEpilogue e;  // a block per 32 outputs; the q8 to seg_q8_
-  e.kind = cuda::GemvEpilogue::kSiluQ8, e.h = u.y, e.n = K, e.Kp = Kp;
-  e.q = seg_q8_.q, e.d = seg_q8_.d, e.s = seg_q8_.s;
-  const Gemv g = p_mv_;
-  const cudaError_t r = cuda::gemv_seg_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, e, st_, pdl_);
-  if (r == cudaSuccess) {
-    p_mv_ = {};
-    seg_from_ = q.act.q;  // the down projection reads its q8 from seg_q8_
-    q.valid = true;
-    return true;
-  }
-  if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
-  cudaGetLastError();
-  return false;
-}
-
-bool CudaState::seg_rope(const Rope& qr, const Rope& kr, const float* k, const float* v, int ld, int nkv, int D,
-                         int kv_format, void* k_pages, void* v_pages, const int32_t* slots) {
-  if (!(seg_held(p_mv_) && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
-        p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D && ld == nkv * D))
-    return false;
-  cuda::GemvEpilogue e;  // a block per head (+ ctx)
-  e.kind = cuda::GemvEpilogue::kRopeKv;
-  e.nh = qr.nh, e.nkv = nkv, e.D = D, e.kv_format = kv_format, e.pos = kr.pos, e.inv_freq = kr.inv;
-  e.k_pages = k_pages, e.v_pages = v_pages, e.slots = slots, e.ctx = ctx_;
-  const Gemv g = p_mv_;
-  const cudaError_t r = cuda::gemv_seg_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, e, st_, pdl_);
-  if (r == cudaSuccess) {
-    p_mv_ = {};
-    ctx_fresh_ = kr.pos;
-    return true;
-  }
-  if (r != cudaErrorInvalidValue) check(r, "matmul (batch 1, segments)");
-  cudaGetLastError();
-  return false;
-}
-
-bool CudaState::q8_gemv(const WeightView& w, const float* x, const QuantScratch& xq, float* y) {
-  if (!(p_q8_.x && x == p_q8_.x && xq.act.q == p_q8_.q && w.Kp == p_q8_.Kp && !w.mins &&
-        (w.dtype == DType::NVFP4 || w.dtype == DType::W4A8)))
-    return false;
-  const Q8 z = p_q8_;
-  p_q8_ = {};
-  const auto* codes = static_cast<const uint8_t*>(w.data);
-  const cudaError_t e =
-      w.dtype == DType::NVFP4
-          ? cuda::gemv_nvfp4_q8fused(codes, static_cast<const uint8_t*>(w.scales), w.tscale, w.N, z.K, z.Kp, x, y, st_,
-                                     pdl_, z.q, z.d, z.s)
-          : cuda::gemv_w4a8_q8fused(codes, static_cast<const uint16_t*>(w.scales), w.group, w.N, z.K, z.Kp, x, y, st_,
-                                    pdl_, z.q, z.d, z.s);
-  if (e != cudaErrorInvalidValue) {
-    check(e, "matmul (quantise + batch 1)");
-    return true;
-  }
-  cudaGetLastError();
-  p_q8_ = z;  // a shape it refuses: the two kernels (the caller's flush)
-  return false;
 }
 
 float* CudaState::workspace(size_t floats) {
@@ -270,8 +183,7 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_q8_ = {}, p_mv_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
-  seg_from_ = nullptr;
+  p_mv_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

@@ -70,16 +70,6 @@ class CudaState {
     const float* xd = nullptr;
     const int32_t* xs = nullptr;
   };
-  // A batch-1 quantize_input of a short row (Kp <= kFusedSmallKp) held for the matmul reading
-  // it: the GEMV quantises x itself (gemv_*_q8fused, one launch instead of two). Only the o
-  // projection's input comes here (the norms' and silu's q8 are fused already).
-  struct Q8 {
-    const float* x = nullptr;
-    int K = 0, Kp = 0;
-    int8_t* q = nullptr;
-    float* d = nullptr;
-    int32_t* s = nullptr;
-  };
   void flush();  // launches every pending op on its own, in order
   void launch_gemv(const cuda::GemvEpilogue* epi);  // the pending GEMV (with epi), then none
   bool gemv_only() const { return p_mv_.n && !p_add_.n && !p_norm_.M && !p_silu_.M && p_rope_.empty(); }
@@ -108,30 +98,11 @@ class CudaState {
   bool graph_info_ = env_on("KVDECK_CUDA_GRAPH_INFO", false);  // print each captured graph's nodes
   // The decode step's context bound from its key (backend.h step_begin; 0: none, the pool's
   // capacity): the attention grids of a short context are sized for it, one graph per bucket.
-  // Opt-in (KVDECK_CUDA_CTX_BUCKETS=1; not yet measured on a GPU); off: one graph per kind of
-  // step, its grids sized for the pool.
-  bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", false);
+  // On by default (8B-shaped decode @16 on the H200: 2,100.8 -> 1,976.0 µs/token; SmolLM2 @64
+  // 567.3 -> 574.3, inside its spread; NOTES.md session 6); KVDECK_CUDA_CTX_BUCKETS=0: one graph
+  // per kind of step, its grids sized for the pool.
+  bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", true);
   int step_ctx_ = 0;
-  bool oq8_ = env_on("KVDECK_CUDA_OQ8", false);  // Q8 above (opt-in: KVDECK_CUDA_OQ8=1)
-  // Short-row batch-1 q/k/v + rope + KV write and gate/up + silu + q8 as one launch each
-  // (gemv_seg_m1; opt-in: KVDECK_CUDA_SEG=1). The silu's q8 goes to seg_q8_ (the GEMV's input,
-  // the engine's scratch, is still being read by other blocks) and the next matmul reading the
-  // engine's scratch reads it from there (seg_from_).
-  bool seg_ = env_on("KVDECK_CUDA_SEG", false);
-  bool seg_held(const Gemv& g) const { return seg_ && !fuse_ && (g.n == 2 || g.n == 3) && g.Kp <= cuda::kSegMaxKp; }
-  ActQ8 seg_q8_;              // device: [1, seg_q8_.Kp]
-  const int8_t* seg_from_ = nullptr;
-  bool seg_buffer(int Kp);    // seg_q8_ holds Kp (allocated outside a capture), or false
-  // The engine's scratch as the kernels must read it (seg_from_: its q8 is in seg_q8_).
-  const QuantScratch& seg_view(const QuantScratch& xq, QuantScratch& tmp) const;
-  // The opt-in one-launch paths; each returns false (nothing launched) where it does not apply:
-  // the held gate/up GEMV + silu u + q8 of its K (Kp) outputs into q (seg_);
-  bool seg_silu(const Silu& u, int K, int Kp, QuantScratch& q);
-  // the held q/k/v GEMV + rope of q (qr) and k (kr) + the KV write of k, v (seg_);
-  bool seg_rope(const Rope& qr, const Rope& kr, const float* k, const float* v, int ld, int nkv, int D, int kv_format,
-                void* k_pages, void* v_pages, const int32_t* slots);
-  // the held quantize_input of x + the batch-1 GEMV of w reading it into y (oq8_).
-  bool q8_gemv(const WeightView& w, const float* x, const QuantScratch& xq, float* y);
   bool capturing_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;
@@ -144,7 +115,6 @@ class CudaState {
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
   const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
-  Q8 p_q8_;
   Gemv p_mv_;
   Add p_add_;
   Norm p_norm_;

@@ -93,30 +93,60 @@ def test_prefill_gemm_equals_gemv_chunks(cpu, gpu, fmt, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "w4a8"])
-def test_one_wave_gemv_is_bit_identical(cpu, gpu, fmt, monkeypatch):
-    """KVDECK_CUDA_ONEWAVE=1 (opt-in; a process-wide kernel switch, re-read whenever a backend is
-    created): a batch-1 grid of 6,144 rows (the 8B's q/k/v: two waves of blocks at two chunks in
-    flight a lane on an H200, one wave at one chunk) runs at one chunk a lane: the same sums in
-    the same order, so the same bits."""
-    N, K = 6144, 576
+@pytest.mark.parametrize("N, K", [(1000, 4000), (300, 4096), (200, 14336), (64, 2080)])
+def test_gemv_u4_is_bit_identical(cpu, gpu, fmt, N, K, monkeypatch):
+    """KVDECK_CUDA_GEMV_U4=1 (a process-wide kernel switch, re-read whenever a backend is created;
+    gemv_impl.cuh use_u4): batch-1 rows over 64 chunks run at four chunks a lane loaded together
+    instead of two pipelined: 125 chunks (lanes past the row's end in the last step), 128 (the
+    8B's K, one step), 448 (its down projection, four steps) and 65 (one chunk past the limit).
+    The same sums in the same order, so the same bits, and the CPU's result."""
     data, scales, tscale, _ = _weight(fmt, N, K)
     x = RNG.standard_normal((1, K)).astype(np.float32)
     want = gpu.matmul_q(fmt, data, scales, K, tscale, x, None)
-    monkeypatch.setenv("KVDECK_CUDA_ONEWAVE", "1")
+    monkeypatch.setenv("KVDECK_CUDA_GEMV_U4", "1")
     try:
         got = _native.BackendOps("cuda", 0).matmul_q(fmt, data, scales, K, tscale, x, None)
     finally:
-        monkeypatch.delenv("KVDECK_CUDA_ONEWAVE")
+        monkeypatch.delenv("KVDECK_CUDA_GEMV_U4")
         _native.BackendOps("cuda", 0)  # the kernel switches back to their defaults
     np.testing.assert_array_equal(got, want)
     assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, None)) < 1e-5
 
 
+def test_gemv_u4_in_the_8b_step_is_bit_identical(monkeypatch):
+    """KVDECK_CUDA_GEMV_U4=1 in the engine: one Llama-3-8B-shaped layer (the grouped q/k/v and
+    gate/up launches, o, down and the head all take the four-chunk configuration), nvfp4 weights
+    and KV, a 16-token prompt then 3 greedy decode steps through
+    CUDA graphs: the logits of every step equal the default configuration's bit for bit."""
+    from app.bench import gpu_model
+
+    t = gpu_model.random_tensors("llama3-8b", "nvfp4", "nvfp4", layers=1, seed=3, embed="f16")
+    prompt = np.random.default_rng(3).integers(100, 30000, 16).astype(np.int32)
+    runs = []
+    for value in ("0", "1"):
+        monkeypatch.setenv("KVDECK_CUDA_GEMV_U4", value)  # read when the backend is created
+        eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", layers=1,
+                              max_context=1024, embed="f16")
+        s = eng.open_sequence(0)
+        tok, out = int(eng.forward(s, prompt, False, None).argmax()), []
+        for _ in range(3):
+            out.append(eng.forward(s, np.array([tok], np.int32), False, None))
+            tok = int(out[-1].argmax())
+        eng.close_sequence(s)
+        del eng
+        runs.append(out)
+    monkeypatch.delenv("KVDECK_CUDA_GEMV_U4")
+    _native.BackendOps("cuda", 0)  # the kernel switches back to their defaults
+    assert np.isfinite(runs[0][0]).all() and np.abs(runs[0][0]).max() > 0
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kv, tol", [("f16", 2e-3), ("nvfp4", 3e-3), ("f32", 2e-3)])
 def test_context_buckets_match_pool_sized_grids(kv, tol, monkeypatch):
-    """KVDECK_CUDA_CTX_BUCKETS=1 (opt-in): a decode step is recorded per power-of-two bound on its
-    context (the step key, backend.h step_begin) with its attention grids sized for that bound
-    instead of the pool's 4,096 tokens. Positions 250..261 cross from the 256 to the 512 bucket
+    """Context-bucket graphs (the default; KVDECK_CUDA_CTX_BUCKETS=0 turns them off): a decode step
+    is recorded per power-of-two bound on its context (the step key, backend.h step_begin) with its
+    attention grids sized for that bound instead of the pool's 4,096 tokens. Positions 250..261 cross from the 256 to the 512 bucket
     (a second recording, its first step eager). Against the pool-sized grids, fed the same
     tokens: another split of the sequence merges the softmax partials in another order (and, on
     the NVFP4 tensor-core kernel, rounds P to f16 against another running maximum), which can

@@ -1,12 +1,4 @@
-"""The CUDA backend's decode-step launch reduction (on a GPU): segment-owning GEMVs, the o
-projection's quantisation inside its GEMV, the GEMV epilogues and PDL.
-
-Segment GEMVs (opt-in KVDECK_CUDA_SEG=1 KVDECK_CUDA_OQ8=1; kernels/cuda/gemv_seg.cu,
-gemv_fused.cu; measured slower on the H200, kernels/cuda/NOTES.md): for short rows (SmolLM2's
-576) a block of the q/k/v GEMV owns a head and runs RoPE + KV write itself, a block of the
-gate/up GEMV owns 32 outputs and runs silu + q8, and the o projection's GEMV quantises its
-input: 8 kernels a layer instead of 11, with logits bit-identical to the separate kernels,
-checked here on 30 layers for three weight / KV combinations.
+"""The CUDA backend's decode-step launch reduction (on a GPU): the GEMV epilogues and PDL.
 
 With KVDECK_CUDA_FUSE=1 (opt-in: fewer kernels but slower on the H200, kernels/cuda/NOTES.md)
 a batch-1 NVFP4 / W4A8 GEMV runs the op consuming its outputs by segments in its own blocks
@@ -59,30 +51,15 @@ def tensors():
             for w in ("nvfp4", "w4a8") for n in (2, LAYERS)}
 
 
-def _build(tensors, weights: str, kv: str, monkeypatch, fuse: bool, layers: int = LAYERS, separate: bool = False):
-    """separate: KVDECK_CUDA_SEG=0 KVDECK_CUDA_OQ8=0 (one kernel per op), else both 1."""
+def _build(tensors, weights: str, kv: str, monkeypatch, fuse: bool, layers: int = LAYERS):
     from app.bench import gpu_model
 
-    env = {"KVDECK_CUDA_FUSE": "1" if fuse else "0", "KVDECK_CUDA_SEG": "0" if separate else "1",
-           "KVDECK_CUDA_OQ8": "0" if separate else "1"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)  # read when the backend is created
+    monkeypatch.setenv("KVDECK_CUDA_FUSE", "1" if fuse else "0")  # read when the backend is created
     try:
         t = tensors[(weights, layers)]
         return gpu_model.build("smollm2-135m", weights, kv, "cuda", tensors=t, head="w8a8", layers=layers)
     finally:
-        for k in env:
-            monkeypatch.delenv(k)
-
-
-@pytest.mark.parametrize("weights,kv", [("nvfp4", "f16"), ("w4a8", "nvfp4"), ("nvfp4", "f32")])
-def test_segment_gemvs_equal_separate_kernels(tensors, weights, kv, monkeypatch):
-    prompt = np.random.default_rng(8).integers(0, 49152, 19).astype(np.int32)
-    seg, st = _decode(_build(tensors, weights, kv, monkeypatch, False), prompt, 8)
-    sep, pt = _decode(_build(tensors, weights, kv, monkeypatch, False, separate=True), prompt, 8)
-    for a, b in zip(seg, sep):
-        np.testing.assert_array_equal(a, b)
-    assert st == pt
+        monkeypatch.delenv("KVDECK_CUDA_FUSE")
 
 
 @pytest.mark.parametrize("weights,kv", [("nvfp4", "f16"), ("w4a8", "nvfp4"), ("nvfp4", "f32")])
@@ -107,13 +84,13 @@ def test_captured_step_kernels_and_pdl_edges(tensors, monkeypatch, capfd):
     monkeypatch.setenv("KVDECK_CUDA_GRAPH_INFO", "1")
     prompt = np.arange(1, 17, dtype=np.int32)
     counts = {}
-    for name, fuse, separate in (("segments", False, False), ("epilogues", True, False), ("separate", False, True)):
+    for name, fuse in (("epilogues", True), ("separate", False)):
         capfd.readouterr()
-        eng = _build(tensors, "nvfp4", "f16", monkeypatch, fuse, separate=separate)
+        eng = _build(tensors, "nvfp4", "f16", monkeypatch, fuse)
         _decode(eng, prompt, 3)  # eager, capture, replay
         counts[name] = _graph_line(capfd)
-    (kd, ed, pd), (kf, ef, pf), (ks, es, ps) = counts["segments"], counts["epilogues"], counts["separate"]
-    print(f"\ncaptured decode step: {kd} kernels with the segment GEMVs ({kd / LAYERS:.1f} a layer), {kf} with the "
-          f"epilogues, {ks} with one kernel per op; {ps} of {es} edges programmatic")
-    assert kd <= 8 * LAYERS + 5 and kf <= 8 * LAYERS + 5 and ks >= 10 * LAYERS
-    assert pd == ed and pf == ef and ps == es, (pd, ed, pf, ef, ps, es)
+    (kf, ef, pf), (ks, es, ps) = counts["epilogues"], counts["separate"]
+    print(f"\ncaptured decode step: {kf} kernels with the epilogues ({kf / LAYERS:.1f} a layer), {ks} with one "
+          f"kernel per op; {ps} of {es} edges programmatic")
+    assert kf <= 8 * LAYERS + 5 and ks >= 10 * LAYERS
+    assert pf == ef and ps == es, (pf, ef, ps, es)

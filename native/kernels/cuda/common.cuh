@@ -133,11 +133,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// KVDECK_CUDA_EARLY=1 (A/B, off by default: measured slower on the 8B shape): the small fused
-// kernels trigger their dependents before their own PDL wait instead of after it (the next
-// kernel launches earlier; it still waits for this one's completion before reading its outputs).
-bool early_trigger();
-
 // Launch `kernel` with or without the programmatic-stream-serialization attribute (PDL is
 // only requested on devices of compute capability 9.0 or newer).
 bool pdl_supported();

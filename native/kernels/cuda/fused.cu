@@ -67,7 +67,7 @@ add_rmsnorm_q8_kernel(float* x, const float* __restrict__ y, const float* __rest
 // barrier for the sum, then h and its q8 from registers (quant_block4: 8 lanes a 32-block).
 // The old kernel made 2 + 2 n / T dependent L2 round trips (n / T serial passes each way); this
 // one makes one. Same formulas as add_rmsnorm_q8_kernel: only the sum of squares' order differs.
-template <int P, bool E>
+template <int P>
 __global__ void __launch_bounds__(1024)
 add_rmsnorm_q8_regs_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w, int n, float eps,
                            float* h, int Kp, int8_t* __restrict__ q, float* __restrict__ d,
@@ -79,9 +79,8 @@ add_rmsnorm_q8_regs_kernel(float* x, const float* __restrict__ y, const float* _
     const int i = 4 * (p * T + threadIdx.x);
     wv[p] = i < n ? *reinterpret_cast<const float4*>(w + i) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (E) pdl_launch_dependents();  // early_trigger()
   pdl_wait();
-  if (!E) pdl_launch_dependents();
+  pdl_launch_dependents();
   float* xr = x + size_t(blockIdx.x) * n;
   const float* yr = y ? y + size_t(blockIdx.x) * n : nullptr;
 #pragma unroll
@@ -154,14 +153,12 @@ __global__ void silu_mul_q8_kernel(const float* __restrict__ a, const float* __r
 // silu_mul_q8_kernel four values a lane (n % 4 == 0, 16-byte aligned): item j is values 4 j ..
 // + 3 of the [M, Kp] output, 8 lanes a 32-block (quant_block4), float4 loads and stores: a
 // quarter of the threads and shuffles for the same bytes, the same formula per value.
-template <bool E>
 __global__ void __launch_bounds__(128)
 silu_mul_q8_vec_kernel(const float* __restrict__ a, const float* __restrict__ b, int M, int n, int Kp,
                        float* __restrict__ y, int8_t* __restrict__ q, float* __restrict__ d,
                        int32_t* __restrict__ s) {
-  if (E) pdl_launch_dependents();
   pdl_wait();
-  if (!E) pdl_launch_dependents();
+  pdl_launch_dependents();
   const int per = Kp / 4;
   const size_t j = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool row_ok = j < size_t(M) * per;  // 8-lane groups are wholly in or out (per % 8 == 0)
@@ -187,11 +184,9 @@ silu_mul_q8_vec_kernel(const float* __restrict__ a, const float* __restrict__ b,
 __host__ __device__ inline size_t rope_q_pad(const RopeKvArgs& a) {
   return (size_t(a.M) * a.nh * (a.D / 2) + 31) / 32 * 32;
 }
-template <bool E>
 __global__ void rope_kv_write_kernel(const RopeKvArgs a) {
-  if (E) pdl_launch_dependents();
   pdl_wait();
-  if (!E) pdl_launch_dependents();
+  pdl_launch_dependents();
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (a.fmt != 2) return rope_kv_item(a, idx);
   const size_t nq = size_t(a.M) * a.nh * (a.D / 2), nq_pad = rope_q_pad(a);
@@ -227,10 +222,7 @@ cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int 
   if (n % 4 == 0 && aligned16(x, y, w, h) && span <= 4 * 4 * 1024 && !serial_norm()) {
     const int P = span <= 4 * 1024 ? 1 : span <= 2 * 4 * 1024 ? 2 : 4;
     const int threads = ((span / 4 + P - 1) / P + 31) / 32 * 32;  // 4 P threads >= span, <= 1024
-    const bool e = early_trigger();
-    auto* k = P == 1 ? (e ? add_rmsnorm_q8_regs_kernel<1, true> : add_rmsnorm_q8_regs_kernel<1, false>)
-              : P == 2 ? (e ? add_rmsnorm_q8_regs_kernel<2, true> : add_rmsnorm_q8_regs_kernel<2, false>)
-                       : (e ? add_rmsnorm_q8_regs_kernel<4, true> : add_rmsnorm_q8_regs_kernel<4, false>);
+    auto* k = P == 1 ? add_rmsnorm_q8_regs_kernel<1> : P == 2 ? add_rmsnorm_q8_regs_kernel<2> : add_rmsnorm_q8_regs_kernel<4>;
     return launch_kernel(k, dim3(M), dim3(threads), stream, true, x, y, w, n, eps, h, Kp, q, d, s);
   }
   if (n >= 2048)
@@ -245,8 +237,7 @@ cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, fl
   if (M < 1 || n < 1 || Kp % 32 != 0 || Kp < n || Kp - n >= 32) return cudaErrorInvalidValue;
   if (n % 4 == 0 && aligned16(a, b, y, nullptr) && !serial_norm()) {
     const size_t items = size_t(M) * (Kp / 4);
-    auto* k = early_trigger() ? silu_mul_q8_vec_kernel<true> : silu_mul_q8_vec_kernel<false>;
-    return launch_kernel(k, dim3(unsigned((items + 127) / 128)), dim3(128), stream, true, a, b,
+    return launch_kernel(silu_mul_q8_vec_kernel, dim3(unsigned((items + 127) / 128)), dim3(128), stream, true, a, b,
                          M, n, Kp, y, q, d, s);
   }
   const int blocks = M * (Kp / 32);
@@ -263,8 +254,7 @@ cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const 
   const RopeKvArgs a{q, ldq, q ? n_heads : 0, k, v, ldk, n_kv, D, M, pos, inv_freq, format,
                      static_cast<uint8_t*>(k_pages), static_cast<uint8_t*>(v_pages), slots, ctx};
   const size_t total = format == 2 ? rope_q_pad(a) + size_t(M) * n_kv * 2 * D : rope_kv_items(a);
-  auto* kern = early_trigger() ? rope_kv_write_kernel<true> : rope_kv_write_kernel<false>;
-  return launch_kernel(kern, dim3(unsigned((total + 127) / 128)), dim3(128), stream, true, a);
+  return launch_kernel(rope_kv_write_kernel, dim3(unsigned((total + 127) / 128)), dim3(128), stream, true, a);
 }
 
 }  // namespace kvdeck::cuda

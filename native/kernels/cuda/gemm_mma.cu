@@ -26,15 +26,16 @@
 //   conflict-free ldmatrix for the activations and 16-bit weight loads), 2 blocks per SM.
 //   blockIdx.x runs over M so the blocks that share a weight tile run together (one DRAM read).
 // - Several weights sharing K and format (q/k/v, gate/up) in one launch (gemm_q8_mma_many).
-// - Opt-in, NOT YET RUN ON A GPU: NVFP4 on the f16 mma (kernel format 3, selected by
-//   KVDECK_CUDA_GEMM_NVFP4=f16, read at every launch). e2m1 (2 significant bits) times its e4m3
-//   block scale (4) is exact in f16, and so are the q8 activations (made f16 in registers:
-//   [q ^ 0x80, 0x64] - 1152), so m16n8k16.f32.f16.f16 sums each 32-block with the scales
-//   already in the weights: one FFMA (d_a) per output and 32-block instead of four, as many
-//   mma as the int8 path. The tensor core's f32 sums are not IEEE round-to-nearest, so the
-//   result would be the CPU's to a few f32 ulps (~1e-7 relative) rather than to summation
-//   order. bench_gemm_mma validates and times it (rows nvfp4/f16); the device was withdrawn
-//   before it ran (NOTES.md, session 5), so the engine default stays the int8 kernel.
+// - NVFP4 on the f16 mma (kernel format 3, the default since session 6; KVDECK_CUDA_GEMM_NVFP4=i8
+//   selects format 0, NVFP4 on the int8 mma, read at every launch). e2m1 (2 significant bits) times
+//   its e4m3 block scale (4) is exact in f16, and so are the q8 activations (made f16 in
+//   registers: [q ^ 0x80, 0x64] - 1152), so m16n8k16.f32.f16.f16 sums each 32-block with the
+//   scales already in the weights: one FFMA (d_a) per output and 32-block instead of four, as
+//   many mma as the int8 path. The tensor core's f32 sums are not IEEE round-to-nearest, so the
+//   result is the CPU's to a few f32 ulps (bench_gemm_mma: 4.9e-7 .. 1.1e-6 relative to the GEMV
+//   chunks on the 8B shapes) rather than to summation order. Measured on the H200 (session 6):
+//   one 8B layer's GEMMs at 512 tokens 1,474 µs vs 1,753 on the int8 mma; the 32-layer 8B
+//   prefill 4,077 vs 3,798 tok/s (interleaved, NOTES.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -46,9 +47,6 @@
 #include "kernels_cuda.h"
 
 namespace kvdeck::cuda {
-
-cudaError_t gemm_q8_mma_v1(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
-                           const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
 
 using namespace detail;
 using namespace gemm;
@@ -349,12 +347,15 @@ int sm_count() {
 // 128 with one block per SM (no register cap) where its blocks fill one wave (o, down at 512
 // tokens) or many (gate/up, lm_head); 64 x 128 (two per SM) in between (q/k/v: 1.45 waves) and
 // for 33-64 tokens; 32 x 128 for fewer.
-int pick_cfg(int M, int tiles128) {
+// NVFP4 on the f16 mma (format 3) keeps two blocks per SM where there are many waves (gate/up
+// 749.9 vs 777.8 µs, lm_head 3,180.8 vs 3,401.6 at 512 tokens; session 6 sweep).
+int pick_cfg(int fmt, int M, int tiles128) {
   const int sms = sm_count();
   if (M <= 32) return 3;
   if (M <= 64) return 1;
   const int b = (M + 127) / 128 * tiles128;
-  if ((10 * b >= 9 * sms && b <= sms) || b >= 4 * sms) return 4;
+  if (10 * b >= 9 * sms && b <= sms) return 4;
+  if (b >= 4 * sms) return fmt == 3 ? 0 : 4;
   return 1;
 }
 
@@ -379,7 +380,7 @@ cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, i
   if (cfg < 0) {
     int t128 = 0;
     for (int i = 0; i < n; ++i) t128 += (w[i].N + 127) / 128;
-    cfg = pick_cfg(M, t128);
+    cfg = pick_cfg(fmt, M, t128);
   }
   const int bn = cfg == 2 ? 64 : 128;  // every other shape is 128 outputs wide
   int tile = 0;
@@ -397,22 +398,12 @@ cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, i
 
 cudaError_t gemm_q8_mma_many(int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
                              const float* xd, int M, cudaStream_t stream) {
-  // KVDECK_CUDA_MMA=v1: the session-3 kernel, one launch per weight (A/B only; read at every
-  // call, so one process can time both: bench gpu)
-  // KVDECK_CUDA_GEMM_NVFP4=f16: NVFP4 on the f16 mma (kernel format 3; opt-in, see the header)
-  const char* env = std::getenv("KVDECK_CUDA_MMA");
-  if (!env || std::strcmp(env, "v1") != 0) {
-    const char* nv = std::getenv("KVDECK_CUDA_GEMM_NVFP4");
-    const int kf = fmt == 0 && nv && std::strcmp(nv, "f16") == 0 ? 3 : fmt;
-    return detail::gemm_q8_mma_config(-1, kf, w, n, group, Kp, xq, xd, M, stream);
-  }
-  if (fmt < 0 || fmt > 2 || n < 1 || n > MAXW) return cudaErrorInvalidValue;
-  for (int i = 0; i < n; ++i) {
-    const cudaError_t e =
-        gemm_q8_mma_v1(fmt, w[i].codes, w[i].scales, w[i].tscale, group, w[i].N, Kp, xq, xd, M, w[i].y, w[i].ldy, stream);
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  // NVFP4 on the f16 mma (kernel format 3) by default; KVDECK_CUDA_GEMM_NVFP4=i8: on the int8
+  // mma (format 0; read at every call, so one process can time both: bench gpu)
+  if (fmt < 0 || fmt > 2) return cudaErrorInvalidValue;
+  const char* nv = std::getenv("KVDECK_CUDA_GEMM_NVFP4");
+  const int kf = fmt == 0 && !(nv && std::strcmp(nv, "i8") == 0) ? 3 : fmt;
+  return detail::gemm_q8_mma_config(-1, kf, w, n, group, Kp, xq, xd, M, stream);
 }
 
 cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a)
 
 // The kernel-level A/B switches (kernels_cuda.h reload_switches): read at the first launch
 // and whenever a backend is created, so each engine of one process can run either way.
-bool g_read = false, g_early = false, g_late = false, g_one_wave = false;
+bool g_read = false, g_u4 = false;
 
 void read_switches() {
   if (!g_read) reload_switches();
@@ -87,15 +87,14 @@ template <Fmt F, int M, int R, int U, bool PF = false>
 cudaError_t launch(GemvArgs a, cudaStream_t st, bool pdl = false) {
   static_assert(R * M <= 32, "one lane stores each output");
   const int warps = (a.N + R - 1) / R, blocks = (warps + kGemvWarps - 1) / kGemvWarps;
-  a.late = gemv_late();
   return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3(blocks), dim3(kGemvWarps * 32), st, pdl, a);
 }
 
-// The batch-1 configuration: R = 1, U = 2, pipelined, or U = 1 where that fits one wave (use_u1).
+// The batch-1 configuration: R = 1, U = 2, pipelined; U = 4 unpipelined for rows over 64 chunks
+// with KVDECK_CUDA_GEMV_U4=1 (use_u4, opt-in).
 template <Fmt F>
 cudaError_t launch_m1(const GemvArgs& a, cudaStream_t st, bool pdl) {
-  if (use_u1<gemv_kernel<F, 1, 1, 1, true>, gemv_kernel<F, 1, 1, 2, true>>((a.N + kGemvWarps - 1) / kGemvWarps))
-    return launch<F, 1, 1, 1, true>(a, st, pdl);
+  if (use_u4(a.Kp)) return launch<F, 1, 1, 4, false>(a, st, pdl);
   return launch<F, 1, 1, 2, true>(a, st, pdl);
 }
 
@@ -129,28 +128,17 @@ void reload_switches() {
     const char* e = std::getenv(name);
     return e && *e ? e[0] != '0' : dflt;
   };
-  g_early = on("KVDECK_CUDA_EARLY", false);
-  g_late = on("KVDECK_CUDA_GEMV_LATE", false);
-  g_one_wave = on("KVDECK_CUDA_ONEWAVE", false);
+  g_u4 = on("KVDECK_CUDA_GEMV_U4", false);
   g_read = true;
 }
 
 namespace detail {
 namespace gemv {
-bool gemv_late() {
+bool gemv_u4() {
   read_switches();
-  return g_late;
-}
-bool gemv_one_wave() {
-  read_switches();
-  return g_one_wave;
+  return g_u4;
 }
 }  // namespace gemv
-
-bool early_trigger() {
-  read_switches();
-  return g_early;
-}
 
 bool pdl_supported() {
   static int v = -1;  // per process: the device current at the first call

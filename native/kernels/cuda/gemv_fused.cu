@@ -25,8 +25,7 @@ constexpr int kFusedU = 2;  // chunks per lane per step
 
 template <Fmt F>
 __global__ void __launch_bounds__(kFusedWarps * 32, 2)
-gemv_fused_kernel(const GemvArgs a, const float* __restrict__ x, int K, int8_t* __restrict__ oq,
-                  float* __restrict__ od, int32_t* __restrict__ os) {
+gemv_fused_kernel(const GemvArgs a, const float* __restrict__ x, int K) {
   __shared__ __align__(16) int8_t sq[kFusedMaxKp];
   __shared__ float sd[kFusedMaxKp / 32];
   __shared__ int32_t ss[kFusedMaxKp / 32];
@@ -55,10 +54,6 @@ gemv_fused_kernel(const GemvArgs a, const float* __restrict__ x, int K, int8_t* 
     sq[k] = int8_t(qi);
     const int sum = warp_sum_int(qi);
     if (lane == 0) sd[b] = amax / 127.0f, ss[b] = sum;
-    if (oq && blockIdx.x == 0) {  // the q8 as quantize_act_q8 would leave it (optional)
-      oq[k] = int8_t(qi);
-      if (lane == 0) od[b] = amax / 127.0f, os[b] = sum;
-    }
   }
   __syncthreads();
   float acc = 0.0f;
@@ -106,22 +101,19 @@ bool fused_ok(int N, int K, int Kp) {
 }  // namespace
 
 cudaError_t gemv_nvfp4_q8fused(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int K,
-                               int Kp, const float* x, float* y, cudaStream_t stream, bool pdl, int8_t* q,
-                               float* d, int32_t* s) {
-  if (!fused_ok(N, K, Kp) || (q && (!d || !s))) return cudaErrorInvalidValue;
+                               int Kp, const float* x, float* y, cudaStream_t stream, bool pdl) {
+  if (!fused_ok(N, K, Kp)) return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, tscale, 16, N, Kp, nullptr, nullptr, nullptr, nullptr, y, N};
   return launch_kernel(gemv_fused_kernel<Fmt::Nvfp4PosNeg>, dim3(fused_grid(N)), dim3(kFusedWarps * 32), stream,
-                       pdl, a, x, K, q, d, s);
+                       pdl, a, x, K);
 }
 
 cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int group, int N, int K, int Kp,
-                              const float* x, float* y, cudaStream_t stream, bool pdl, int8_t* q, float* d,
-                              int32_t* s) {
-  if (!fused_ok(N, K, Kp) || group < 32 || group % 32 != 0 || Kp % group != 0 || (q && (!d || !s)))
-    return cudaErrorInvalidValue;
+                              const float* x, float* y, cudaStream_t stream, bool pdl) {
+  if (!fused_ok(N, K, Kp) || group < 32 || group % 32 != 0 || Kp % group != 0) return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, 1.0f, group, N, Kp, nullptr, nullptr, nullptr, nullptr, y, N};
   return launch_kernel(gemv_fused_kernel<Fmt::W4a8>, dim3(fused_grid(N)), dim3(kFusedWarps * 32), stream, pdl,
-                       a, x, K, q, d, s);
+                       a, x, K);
 }
 
 }  // namespace kvdeck::cuda

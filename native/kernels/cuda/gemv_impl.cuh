@@ -1,5 +1,5 @@
-// gemv_impl.cuh — the GEMV building blocks shared by gemv.cu, gemv_many.cu, gemv_fused.cu and
-// gemv_seg.cu: argument struct, per-format chunk loads, weight decode, the int8 / f16 dot of
+// gemv_impl.cuh — the GEMV building blocks shared by gemv.cu, gemv_many.cu and gemv_fused.cu:
+// argument struct, per-format chunk loads, weight decode, the int8 / f16 dot of
 // one 32-value chunk, the warp body of the batch-1..8 GEMV and its one-wave configuration.
 #pragma once
 #include <cstdint>
@@ -31,7 +31,6 @@ struct GemvArgs {
   const __half* xh;        // [M, Kp]   (f16 path)
   float* y;
   int ldy;
-  int late;  // 1: trigger the dependent launch after the main loop, not at the start (A/B)
 };
 
 constexpr int kGemvWarps = 4;  // warps per block (each independent)
@@ -165,9 +164,8 @@ __device__ __forceinline__ float dot(const Decoded<F>& w, const Act<F>& x, float
 // The GEMV warp and its launch configuration (gemv.cu, gemv_many.cu)
 // =====================================================================================
 
-// kernels_cuda.h reload_switches' values (gemv.cu): KVDECK_CUDA_GEMV_LATE, KVDECK_CUDA_ONEWAVE.
-bool gemv_late();
-bool gemv_one_wave();
+// kernels_cuda.h reload_switches' value (gemv.cu): KVDECK_CUDA_GEMV_U4.
+bool gemv_u4();
 
 // The body of one warp: rows n0 .. n0 + R - 1 of a (gemv_kernel; gemv_many_kernel per weight).
 template <Fmt F, int M, int R, int U, bool PF>
@@ -175,7 +173,7 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
   const int lane = threadIdx.x & 31;
   if (n0 >= a.N) return;
   const int nc = a.Kp / 32;
-  if (!a.late) pdl_launch_dependents();
+  pdl_launch_dependents();
   auto load_all = [&](int c0, Chunk<F> (&w)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -212,7 +210,6 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
       load_all(c0 + 32 * U, wk);
     }
   }
-  if (a.late) pdl_launch_dependents();
   // nvfp4: 2*e2m1 codes (x0.5) and scales / 256 (x256) -> x128; f16 path: x256
   const float scale = F == Fmt::Nvfp4Dp4a || F == Fmt::Nvfp4PosNeg ? a.tscale * 128.0f
                       : F == Fmt::Nvfp4F16                         ? a.tscale * 256.0f
@@ -226,27 +223,12 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
     }
 }
 
-// Blocks of kernel Kern resident at once on this device (occupancy x SMs; 0 if unknown).
-template <auto Kern>
-int wave_blocks() {
-  static const int per_wave = [] {
-    int dev = 0, sms = 0, per = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, Kern, kGemvWarps * 32, 0))
-      return 0;
-    return per * sms;
-  }();
-  return per_wave;
-}
-
-// Batch 1 with KVDECK_CUDA_ONEWAVE=1 (opt-in: not yet measured in the engine): one chunk in
-// flight per lane (U = 1) where that grid fits in one wave of resident blocks and U = 2 (more
-// registers) would need a second, short one (the 8B's q/k/v: 1,536 blocks, 1,320 resident at
-// U = 2, 1,584 at U = 1; alone, without PDL, 5.9 vs 7.2 µs in the session-3 tune rows). Same
-// sums in the same order, so the same outputs bit for bit.
-template <auto K1, auto K2>
-bool use_u1(int blocks) {
-  return gemv_one_wave() && blocks > wave_blocks<K2>() && blocks <= wave_blocks<K1>();
-}
+// Batch 1, KVDECK_CUDA_GEMV_U4=1 (opt-in for A/B): rows over 64 chunks (Kp > 2,048: the 8B's
+// q/k/v, o, gate/up, down and head) at four chunks a lane loaded together, no software pipeline:
+// a resident warp has twice the bytes of U = 2 in flight before the PDL wait (a whole row at
+// K = 4,096), so more of the weights stream while the previous kernel drains; in the loop the
+// same four chunks in flight as U = 2 pipelined. 48 registers either way (ptxas, sm_90), so the
+// same blocks per SM. Same sums in the same order: bit-identical.
+inline bool use_u4(int Kp) { return gemv_u4() && Kp > 64 * 32; }
 
 }  // namespace kvdeck::cuda::detail::gemv

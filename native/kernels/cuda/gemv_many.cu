@@ -99,10 +99,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 10) gemv_many_kernel(const Ge
 template <Fmt F>
 cudaError_t launch_many(GemvMany g, const GemvEpilogue& e, cudaStream_t st, bool pdl) {
   const dim3 grid(g.first[g.n]), block(kGemvWarps * 32);
-  for (int i = 0; i < g.n; ++i) g.a[i].late = gemv_late();
-  if (e.kind == GemvEpilogue::kNone &&
-      use_u1<gemv_many_kernel<F, 1, 1, 1, true, 0>, gemv_many_kernel<F, 1, 1, 2, true, 0>>(g.first[g.n]))
-    return launch_kernel(gemv_many_kernel<F, 1, 1, 1, true, 0>, grid, block, st, pdl, g, e);
+  if (e.kind == GemvEpilogue::kNone && use_u4(g.a[0].Kp))
+    return launch_kernel(gemv_many_kernel<F, 1, 1, 4, false, 0>, grid, block, st, pdl, g, e);
   switch (e.kind) {
     case GemvEpilogue::kNone: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true, 0>, grid, block, st, pdl, g, e);
     case GemvEpilogue::kAddNormQ8: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true, 1>, grid, block, st, pdl, g, e);

@@ -21,11 +21,9 @@
 
 namespace kvdeck::cuda {
 
-// Re-reads the kernel-level A/B switches from the environment (otherwise read at the first
-// launch): KVDECK_CUDA_ONEWAVE=1 (batch-1 GEMVs at U = 1 where that fits one wave, gemv.cu use_u1),
-// KVDECK_CUDA_GEMV_LATE=1 (the GEMVs trigger their dependents after their main loop, not at
-// the start), KVDECK_CUDA_EARLY=1 (the fused kernels trigger theirs before their PDL wait).
-// The CUDA backend calls it when it is created.
+// Re-reads the kernel-level A/B switch from the environment (otherwise read at the first
+// launch): KVDECK_CUDA_GEMV_U4=1 (batch-1 rows over 64 chunks at four chunks a lane, loaded
+// together: gemv_impl.cuh use_u4). The CUDA backend calls it when it is created.
 void reload_switches();
 
 // =====================================================================================
@@ -85,18 +83,14 @@ cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, i
 // per 32-block into shared memory exactly as quantize_act_q8 does, then y[n] = the GEMV above
 // (y: f32 [N]). One kernel instead of two; Kp <= kFusedMaxKp. Measured on the H200: slower
 // than quantize_act_q8 + GEMV on every shape (each block re-quantises x before its rows;
-// down 26.8 vs 12.9 µs) — the measured alternative there. For short rows (Kp <= kFusedSmallKp:
-// the quantisation is one pass) the backend uses it for the o projection of a small model,
-// whose q8 kernel is one more launch in a launch-bound step. q, d, s (optional): x's q8 is
-// also stored there, as quantize_act_q8 would leave it.
+// down 26.8 vs 12.9 µs) — the measured alternative there, not used by the backend (its use for
+// a small model's o projection, KVDECK_CUDA_OQ8, measured slower in the engine: 590.4 vs 567.3
+// µs/token on SmolLM2, session 6, and was removed).
 constexpr int kFusedMaxKp = 16384;
-constexpr int kFusedSmallKp = 1024;
 cudaError_t gemv_nvfp4_q8fused(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int K,
-                               int Kp, const float* x, float* y, cudaStream_t stream, bool pdl = false,
-                               int8_t* q = nullptr, float* d = nullptr, int32_t* s = nullptr);
+                               int Kp, const float* x, float* y, cudaStream_t stream, bool pdl = false);
 cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int group, int N, int K, int Kp,
-                              const float* x, float* y, cudaStream_t stream, bool pdl = false,
-                              int8_t* q = nullptr, float* d = nullptr, int32_t* s = nullptr);
+                              const float* x, float* y, cudaStream_t stream, bool pdl = false);
 
 // Batch 1, several weights of one format reading the same activations (q/k/v, gate/up) in
 // one launch: the same kernel and results as one gemv_nvfp4_dp4a (fmt 0) / gemv_w4a8 (fmt 1)
@@ -152,17 +146,6 @@ struct GemvEpilogue {
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
                          const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false,
                          const GemvEpilogue* epi = nullptr);
-
-// Batch 1, short rows (Kp <= kSegMaxKp), the consuming op in the same launch with no counters
-// (gemv_seg.cu): each block owns a segment of outputs whole and runs e on it after a barrier.
-//   e.kind kRopeKv (3 weights q, k, v): a block per q head (D rows) and per KV head (D rows of
-//     k, then D of v; 2 D <= 128); the results of gemv_many_m1 + rope_kv_write, byte for byte.
-//   e.kind kSiluQ8 (2 weights gate, up): a block per 32 outputs of both; gemv_many_m1 +
-//     silu_mul_q8's results. Its q8 (e.q, e.d, e.s) must not overlap the input xq.
-// e.counter / e.part are not used. Other shapes -> cudaErrorInvalidValue.
-constexpr int kSegMaxKp = 1024;
-cudaError_t gemv_seg_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq, const float* xd,
-                        const int32_t* xs, const GemvEpilogue& e, cudaStream_t stream, bool pdl = false);
 
 // Prefill GEMM, M > 8, on the tensor cores (gemm_mma.cu): int8 mma.sync of the weight codes
 // (fmt 0 NVFP4 as 2*e2m1, 1 W4A8 as nibble - 8, 2 W8A8) against quantize_act_q8's q, exact

@@ -1,6 +1,6 @@
 """Interleaved A/B of the decode step's switches in one process (on a CUDA machine).
 
-    python3 native/kernels/cuda/bench/decode_ab.py [smollm2] [8b] [--reps R]
+    python3 native/kernels/cuda/bench/decode_ab.py [smollm2] [8b [pf8b]] [--reps R]
 
 Each variant is an engine built with its environment switches set (the backend and the kernels
 read them when the backend is created, kernels_cuda.h reload_switches; the CUDA graph is
@@ -24,16 +24,11 @@ import numpy as np
 from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
-        ("CTX_BUCKETS=1 (grids for the context)", {"KVDECK_CUDA_CTX_BUCKETS": "1"}),
-        ("SEG=1 OQ8=1 (segment GEMVs, o q8)", {"KVDECK_CUDA_SEG": "1", "KVDECK_CUDA_OQ8": "1"}),
-        ("OQ8=1 (o's q8 in its GEMV)", {"KVDECK_CUDA_OQ8": "1"}),
-        ("EARLY=1", {"KVDECK_CUDA_EARLY": "1"}),
-        ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+        ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
+        ("FUSE=1 (GEMV epilogues)", {"KVDECK_CUDA_FUSE": "1"})]
 BIG = [("defaults", {}),
-       ("CTX_BUCKETS=1 (grids for the context)", {"KVDECK_CUDA_CTX_BUCKETS": "1"}),
-       ("ONEWAVE=1 (q/k/v at U=1)", {"KVDECK_CUDA_ONEWAVE": "1"}),
-       ("CTX_BUCKETS=1 ONEWAVE=1", {"KVDECK_CUDA_CTX_BUCKETS": "1", "KVDECK_CUDA_ONEWAVE": "1"}),
-       ("GEMV_LATE=1", {"KVDECK_CUDA_GEMV_LATE": "1"})]
+       ("CTX_BUCKETS=0 (session 5's step)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
+       ("GEMV_U4=1 (4 chunks a lane)", {"KVDECK_CUDA_GEMV_U4": "1"})]
 
 
 def build(env: dict, *args, **kw):
@@ -49,8 +44,9 @@ def build(env: dict, *args, **kw):
                 os.environ[k] = v
 
 
-def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None) -> dict:
-    """floor: engine -> the roofline µs of its step (or None)."""
+def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None, after=None) -> dict:
+    """floor: engine -> the roofline µs of its step (or None); after: called with the first
+    variant's engine once the decode rounds are done (the 32-layer prefill A/B)."""
     runs = []
     for label, env in variants:
         eng = build(env, *make[0], **make[1])
@@ -81,6 +77,8 @@ def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None) -
         print(f"  {name} {label:32s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs the first){roof}",
               flush=True)
         eng.close_sequence(s)
+    if after:
+        after(runs[0][1])
     return out
 
 
@@ -102,8 +100,15 @@ def main(argv: list[str]) -> int:
             wb = eng.weight_bytes - 128256 * 4096 * 2  # the embedding table: one row a token
             return (wb + mid * eng.kv_bytes_per_token) / (gbs * 1e9) * 1e6 if gbs else None
 
+        def prefill(eng):  # pf8b: bench gpu's 32-layer prefill A/B (new GEMM, v1, NVFP4 on the f16 mma)
+            pf = gpu.prefill_ab(eng, 512, 3)
+            print("  8b prefill 512, 32 layers, interleaved: " + ", ".join(
+                f"{arm} {tps:7.0f} tok/s (x{tps / pf['new']:.3f})" for arm, tps in pf.items())
+                + f"; new = {pf['new'] / gpu.LLAMA_CPP_PP512_8B:.3f}x llama.cpp pp512", flush=True)
+
         ab("8b nvfp4 KV @16", BIG, (("llama3-8b", "nvfp4", "nvfp4", "cuda"),
-                                    dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")), 16, 32, reps, floor)
+                                    dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")), 16, 32, reps, floor,
+           prefill if "pf8b" in argv else None)
     return 0
 
 

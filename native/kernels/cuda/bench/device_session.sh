@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [kernels] [real] [seed] [cpu]
-# ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape).
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
+# ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape); with pf8b among the
+#     steps also the 32-layer 8B prefill A/B (NVFP4 on the f16 mma / on the int8 mma, GEMM_NVFP4=i8) on that engine.
+# tests: TESTS_K in the environment selects tests by pytest -k (e.g. "not new_attention").
+# 8b: `bench gpu` whole (with the seed-000 rows unless noseed is among the steps).
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
@@ -24,11 +27,13 @@ cp build/dev/_native*.so app/engine/
 echo "build: $(( $(date +%s) - t0 )) s"
 # `kvdeck bench gpu` without the CLI's imports (the device image has no orjson)
 gpu='import sys; from app.bench.gpu import run; sys.exit(run(sys.argv[1:]))'
+pf8b=; [[ " $* " == *" pf8b "* ]] && pf8b=pf8b
+noseed=; [[ " $* " == *" noseed "* ]] && noseed=--no-seed
 for step in "$@"; do
   case $step in
     gemm)  # the prefill GEMM against the GEMV chunks it replaced, 8B shapes at M = 512 and 64
       nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
-        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu native/kernels/cuda/gemm_mma_v1.cu \
+        native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu \
         native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma 2>&1 | tail -20
       for m in "512 sweep" 64 100; do timeout 120 build/bench_gemm_mma $m 2>&1 | tee -a "$out/gemm.log"; done ;;
     fused)
@@ -40,12 +45,12 @@ for step in "$@"; do
         KVDECK_CUDA_NORM_SERIAL=$serial timeout 60 build/check_fused 2>&1 | tee -a "$out/fused.log"
       done ;;
     tests)
-      timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda \
-        tests/native/test_backend_ops.py 2>&1 | tee "$out/pytest.log" | tail -60 ;;
+      timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/cuda tests/native/test_backend_ops.py \
+        ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$out/pytest.log" | tail -60 ;;
     bench)
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
     8b)
-      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench.log" ;;
+      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" $noseed 2>&1 | tee "$out/bench.log" ;;
     profile)
       for m in "smollm2-135m" "llama3-8b 8"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
@@ -74,7 +79,7 @@ for step in "$@"; do
       timeout 200 python3 -m pytest -q -p no:cacheprovider tests/native/test_a16.py tests/native/test_attention.py \
         2>&1 | tee "$out/cpu_tests.log" | tail -15 ;;
     ab)  # interleaved A/B of the decode step's switches, one process per model (decode_ab.py)
-      for m in smollm2 8b; do
+      for m in smollm2 "8b $pf8b"; do
         PYTHONPATH=. timeout 240 python3 native/kernels/cuda/bench/decode_ab.py $m 2>&1 | tee -a "$out/ab.log"
       done ;;
     kernels)

@@ -10,8 +10,8 @@ per kernel name: launches, µs per prefill, µs per launch; then per op kind (ge
 norm+q8, rope+kv, silu+q8, other), the kernel sum, the GPU span and the wall time per prefill,
 and the wall time scaled to the full layer count (layers' share by kernel time, the head as is).
 KVDECK_CUDA_MMA=0 in the environment profiles the batch-8 GEMV chunks instead (A/B); `ab`
-profiles the same engine again with KVDECK_CUDA_GEMM_NVFP4=f16 (NVFP4 on the f16 mma, opt-in)
-and with KVDECK_CUDA_MMA=v1 (the session-3 GEMM kernel), both read at every launch.
+profiles the same engine again with KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma instead of
+the default f16 mma; read at every launch).
 """
 
 from __future__ import annotations
@@ -53,14 +53,11 @@ def main() -> int:
     eng = gpu_model.build(shape, "nvfp4", "nvfp4" if big else "f16", "cuda", layers=layers, max_context=4096,
                           head="nvfp4" if big else "w8a8", embed="f16" if big else "f32", max_chunk=max(512, M))
     report(eng, shape, full, layers, M)
-    if "ab" in sys.argv[1:]:  # the same engine: both switches are read at every GEMM launch
-        os.environ["KVDECK_CUDA_GEMM_NVFP4"] = "f16"
-        print("[KVDECK_CUDA_GEMM_NVFP4=f16: NVFP4 on the f16 mma (opt-in)]")
+    if "ab" in sys.argv[1:]:  # the same engine: the switch is read at every GEMM launch
+        os.environ["KVDECK_CUDA_GEMM_NVFP4"] = "i8"
+        print("[KVDECK_CUDA_GEMM_NVFP4=i8: NVFP4 on the int8 mma]")
         report(eng, shape, full, layers, M)
         os.environ.pop("KVDECK_CUDA_GEMM_NVFP4")
-        os.environ["KVDECK_CUDA_MMA"] = "v1"
-        print("[KVDECK_CUDA_MMA=v1: the session-3 GEMM]")
-        report(eng, shape, full, layers, M)
     return 0
 
 

@@ -3,9 +3,11 @@
 // batch-8 GEMV over row chunks of 8 (what M > 8 ran before; the same integer block sums:
 // relative difference ~1e-7 expected), outputs NaN-poisoned, in every tile configuration; then
 // timed (CUDA events, median of 9 runs after a warm-up; weights are not rotated: the GEMM
-// re-reads each weight tile M/BM times from L2 anyway) against the session-3 kernel
-// (gemm_mma_v1.cu) in the same run. `sweep`: every tile configuration timed, not only the one
-// the engine picks; `chunks`: the GEMV chunks timed too. Build (from the repository root):
+// re-reads each weight tile M/BM times from L2 anyway); NVFP4 on the f16 mma (kernel format 3,
+// the engine's default) against NVFP4 on the int8 mma (format 0, KVDECK_CUDA_GEMM_NVFP4=i8) in
+// the same run. (The session-3 kernel, gemm_mma_v1.cu, was deleted in session 6 after its last
+// A/B: NOTES.md.) `sweep`: every tile configuration timed, not only the one the engine picks;
+// `chunks`: the GEMV chunks timed too. Build (from the repository root):
 //   nvcc -O3 -std=c++17 -arch=native -Inative/include -Inative -Inative/kernels/cuda \
 //     native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma*.cu \
 //     native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma
@@ -33,11 +35,6 @@
   } while (0)
 
 using namespace kvdeck::cuda;
-
-namespace kvdeck::cuda {
-cudaError_t gemm_q8_mma_v1(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
-                           const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
-}
 
 template <class T>
 T* up(const std::vector<T>& h) {
@@ -79,7 +76,7 @@ int main(int argc, char** argv) {
   const char* cfg_name[5] = {"128x128", "64x128", "128x64", "32x128", "128x128/1"};
   std::mt19937 rng(7);
   int fails = 0;
-  double sum_new[4] = {0, 0, 0, 0}, sum_v1[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
+  double sum_new[4] = {0, 0, 0, 0}, sum_peer[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
   const char* fnames[4] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16"};
   for (int fmt : {3, 0, 1, 2}) {  // kernel formats: 3 and 0 are both NVFP4 (f16 / int8 mma)
     const bool nv = fmt == 0 || fmt == 3;
@@ -126,10 +123,8 @@ int main(int argc, char** argv) {
       for (int i = 0, off = 0; i < s.n; off += s.N[i], ++i)  // slices of one [N, K] weight, outputs side by side
         w[i] = {dc + size_t(off) * row, ds + size_t(off) * srow * sbytes, 1.0f, s.N[i], y0 + off, N};
       auto gemm = [&](int cfg) { CK(detail::gemm_q8_mma_config(cfg, fmt, w, s.n, K, K, dq, dd, M, 0)); };
-      auto v1 = [&] {
-        for (int i = 0; i < s.n; ++i)
-          CK(gemm_q8_mma_v1(wf, w[i].codes, w[i].scales, 1.0f, K, w[i].N, K, dq, dd, M, w[i].y, N, 0));
-      };
+      const int peer = fmt == 3 ? 0 : fmt == 0 ? 3 : -1;  // the other NVFP4 kernel (engine's pick of tile)
+      auto other = [&] { CK(detail::gemm_q8_mma_config(-1, peer, w, s.n, K, K, dq, dd, M, 0)); };
       auto gemv = [&] {
         for (int m0 = 0; m0 < M; m0 += 8) {
           const int R = std::min(8, M - m0);
@@ -172,16 +167,14 @@ int main(int argc, char** argv) {
         gemm(cfg);
         rel = std::max(rel, check(cfg_name[cfg]));
       }
-      CK(cudaMemset(y0, 0xFF, size_t(M) * N * 4));
-      v1();
-      check("v1");
-      const float tn = time_us([&] { gemm(-1); }), to = time_us(v1);
+      const float tn = time_us([&] { gemm(-1); }), to = peer >= 0 ? time_us(other) : 0.0f;
       const float tv = chunks ? time_us(gemv) : 0.0f;
-      std::printf("%-9s %-8s K=%5d N=%6d M=%d: mma %9.1f us %6.1f TOPS | v1 %9.1f us %6.1f TOPS | %5.2fx", fname,
-                  s.name, K, N, M, tn, ops / tn * 1e-6, to, ops / to * 1e-6, to / tn);
+      std::printf("%-9s %-8s K=%5d N=%6d M=%d: mma %9.1f us %6.1f TOPS", fname, s.name, K, N, M, tn, ops / tn * 1e-6);
+      if (peer >= 0)
+        std::printf(" | %s %9.1f us %6.1f TOPS | %5.2fx", fnames[peer], to, ops / to * 1e-6, to / tn);
       if (chunks) std::printf(" | gemv-chunks %9.1f us (%5.2fx)", tv, tv / tn);
       std::printf(" | rel diff %.2e\n", rel);
-      if (s.N[0] != 128256) sum_new[fmt] += tn, sum_v1[fmt] += to;
+      if (s.N[0] != 128256) sum_new[fmt] += tn, sum_peer[fmt] += to;
       if (sweep) {
         std::printf("    sweep:");
         for (int cfg = 0; cfg < 5; ++cfg) {
@@ -193,8 +186,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       cudaFree(dc), cudaFree(ds), cudaFree(dq), cudaFree(dd), cudaFree(dsa), cudaFree(y0), cudaFree(y1);
     }
-    std::printf("%s one layer's GEMMs at M=%d: %.1f us (v1 %.1f us, %.2fx)\n", fnames[fmt], M, sum_new[fmt],
-                sum_v1[fmt], sum_v1[fmt] / std::max(sum_new[fmt], 1e-9));
+    std::printf("%s one layer's GEMMs at M=%d: %.1f us", fnames[fmt], M, sum_new[fmt]);
+    if (sum_peer[fmt] > 0)
+      std::printf(" (the other NVFP4 kernel %.1f us, %.2fx)", sum_peer[fmt], sum_peer[fmt] / std::max(sum_new[fmt], 1e-9));
+    std::printf("\n");
   }
   std::printf("%d failed\n", fails);
   return fails ? 1 : 0;
