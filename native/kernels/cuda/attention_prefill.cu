@@ -76,7 +76,14 @@ __device__ __forceinline__ void fill16(__half* dst, const uint8_t* row, int c) {
     const uint4* p = reinterpret_cast<const uint4*>(row + size_t(c) * 32);
     lo = __ldg(p), hi = __ldg(p + 1);
   } else {
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(row + size_t(c) * 8));  // 72-byte rows: 8-aligned
+    // rows of D / 2 + D / 16 bytes: 72 (D 128) are 8-byte aligned, 36 (D 64) only 4
+    uint2 w;
+    if constexpr ((D / 2 + D / 16) % 8 == 0) {
+      w = __ldg(reinterpret_cast<const uint2*>(row + size_t(c) * 8));
+    } else {
+      const uint32_t* p = reinterpret_cast<const uint32_t*>(row + size_t(c) * 8);
+      w = make_uint2(__ldg(p), __ldg(p + 1));
+    }
     const __half s = e4m3_half(__ldg(row + D / 2 + c));
     const __half2 s2 = __halves2half2(s, s);
     uint32_t h[8];

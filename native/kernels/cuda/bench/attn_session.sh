@@ -11,6 +11,7 @@ out=$1; shift
 root=$(cd "$(dirname "$0")/../../../.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # attn_formats.py imports app
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
 t0=$(date +%s)
