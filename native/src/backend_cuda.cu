@@ -285,13 +285,12 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     cuda::PagedKv kv;
     kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
     const KvDType dt = pool.dtype();
-    const bool rowscale = (dt == KvDType::NVFP4R || dt == KvDType::K8V4) && attn_rowscale_mma_;
-    const bool split_ok = (dt == KvDType::F16 || dt == KvDType::NVFP4 || rowscale) &&
+    const bool split_ok = (dt == KvDType::F16 || dt == KvDType::NVFP4 || attn_decode_split_) && dt != KvDType::KPC4 &&
                           (D == 64 || D == 128) &&
                           pool.block() % 16 == 0 &&
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
-      kv.format = cuda::KvFormat(int(pool.dtype()));  // f16, nvfp4, nvfp4r, k8v4
+      kv.format = cuda::KvFormat(int(pool.dtype()));  // f32, f16, nvfp4, nvfp4r, k8v4
       float* ws = workspace(cuda::attn_workspace_floats(nh, pool_ctx, D));
       if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
         return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
@@ -302,10 +301,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
     if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
       check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");
-    // Prefill over f16 / NVFP4 pages: the tensor-core kernel (attention_prefill.cu) with
-    // KVDECK_CUDA_ATTN_PREFILL=mma (opt-in until it has run on a GPU), else the f32 SIMT kernel below.
-    if (M > 8 && attn_prefill_ && (pool.dtype() == KvDType::F16 || pool.dtype() == KvDType::NVFP4)) {
-      kv.format = pool.dtype() == KvDType::F16 ? cuda::KvFormat::F16 : cuda::KvFormat::NVFP4;
+    // Prefill (M > 8): the tensor-core kernel (attention_prefill.cu) unless
+    // KVDECK_CUDA_ATTN_PREFILL=paged, else (and for kpc4) the f32 SIMT kernel below.
+    if (M > 8 && attn_prefill_ && dt != KvDType::KPC4) {
+      kv.format = cuda::KvFormat(int(dt));
       const cudaError_t e = cuda::attention_prefill(kv, q, ldq, M, nh, pos, scale, out, st_, fk, fv, ldkv,
                                                     attn_prefill_ == 1);
       if (e != cudaErrorNotSupported) return check(e, "attention_prefill");
@@ -394,17 +393,18 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }
 
  private:
-  // KVDECK_CUDA_ATTN_PREFILL: paged (0, default), mma (1: q as f16 hi + lo), mma16 (2: q in f16).
-  // KVDECK_CUDA_ATTN_ROWSCALE=mma: nvfp4r / k8v4 decode on the tensor-core split kernel (else the
-  // paged kernel). Both opt-in: written and compiled in session 5 without a GPU run.
+  // KVDECK_CUDA_ATTN_PREFILL: mma (1, default: q as f16 hi + lo), mma16 (2: q in f16), paged (0:
+  // the f32 SIMT kernel, the A/B). KVDECK_CUDA_ATTN_DECODE=paged: f32 / nvfp4r / k8v4 decode on
+  // the paged kernel (the A/B) instead of the split kernels (SIMT for f32, tensor cores for the
+  // others). Measured on the H200: native/kernels/cuda/NOTES.md (session 6).
   static std::string env_str(const char* name) {
     const char* s = std::getenv(name);
     return s ? s : "";
   }
-  int attn_prefill_ = env_str("KVDECK_CUDA_ATTN_PREFILL") == "mma"     ? 1
+  int attn_prefill_ = env_str("KVDECK_CUDA_ATTN_PREFILL") == "paged"   ? 0
                       : env_str("KVDECK_CUDA_ATTN_PREFILL") == "mma16" ? 2
-                                                                      : 0;
-  bool attn_rowscale_mma_ = env_str("KVDECK_CUDA_ATTN_ROWSCALE") == "mma";
+                                                                      : 1;
+  bool attn_decode_split_ = env_str("KVDECK_CUDA_ATTN_DECODE") != "paged";
   Rope unroped_k_;  // the k rope_kv_write wrote to the pool but left unrotated in its buffer
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }

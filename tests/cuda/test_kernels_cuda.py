@@ -58,14 +58,11 @@ def test_every_check_passes(validation):
 @pytest.mark.parametrize("name, count", [
     ("act_q8", 18), ("nvfp4_dp4a vs cpu", 18), ("nvfp4_f16", 18), ("w4a8 vs cpu", 18), ("w4a8 pdl vs cpu", 18),
     ("nvfp4_posneg vs cpu", 3), ("nvfp4 q8fused vs cpu", 3), ("w4a8 q8fused vs cpu", 3),
-    ("attn_f16 vs", 6), ("attn_nvfp4 vs", 6), ("attn_f16_simt", 6), ("attn_nvfp4_simt", 6),
-    ("attn_f16_mma", 6), ("attn_nvfp4_mma", 6), ("attn_nvfp4_hqk", 6), ("attn_nvfp4_pair", 6),
+    ("attn_f32 vs", 6), ("attn_f16 vs", 6), ("attn_nvfp4 vs", 6), ("attn_f16_simt", 6),
+    ("attn_f16_mma", 6), ("attn_nvfp4_mma", 6), ("attn_nvfp4_pair", 6),
     ("attn_nvfp4r vs", 6), ("attn_nvfp4r_mma", 6), ("attn_k8v4 vs", 6), ("attn_k8v4_mma", 6),
-    ("attn_prefill_f16_paged", 3), ("attn_prefill_f16_mma vs", 3), ("attn_prefill_f16_mma16", 3),
-    ("attn_prefill_f16_fresh_paged", 2), ("attn_prefill_f16_fresh_mma vs", 2), ("attn_prefill_f16_fresh_mma16", 2),
-    ("attn_prefill_nvfp4_paged", 3), ("attn_prefill_nvfp4_mma vs", 3), ("attn_prefill_nvfp4_mma16", 3),
-    ("attn_prefill_nvfp4_fresh_paged", 2), ("attn_prefill_nvfp4_fresh_mma vs", 2),
-    ("attn_prefill_nvfp4_fresh_mma16", 2),
+    *[(f"attn_prefill_{kv}{fr}_{kern}", n) for kv in ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
+      for fr, n in (("", 3), ("_fresh", 2)) for kern in ("paged vs", "mma vs", "mma16 vs")],
     ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
 ])
 def test_each_kernel_was_checked(validation, name, count):

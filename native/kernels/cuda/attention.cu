@@ -1,17 +1,17 @@
-// attention.cu — paged decode attention over f16 and NVFP4 KV pages (flash-decoding split).
-// Contracts: kernels_cuda.h.
+// attention.cu — paged decode attention over f16 and f32 KV pages on the SIMT cores
+// (flash-decoding split). Contracts: kernels_cuda.h. The 4-bit formats have their own kernel
+// on the tensor cores (attention_mma.cu).
 //
 // Grid (n_kv, splits): one block of 4 warps per (KV head g, split of the sequence); each warp
 // owns a quarter of the split. A warp reads TPW tokens per step, LPT = D / 8 lanes per token,
-// each lane 8 consecutive values of the row (f16: one 16-byte load; NVFP4: 4 code bytes and
-// the E4M3 scale of its 16-value block). A chunk is kUnroll steps; the next chunk's K and V
+// each lane 8 consecutive values of the row (f16: one 16-byte load; f32: two). A chunk is
+// kUnroll steps (4, f32: 2); the next chunk's K and V
 // loads are issued before the current chunk is computed (register double buffer), and the
 // warp's page indices sit in one register per lane (fetched by shuffle), so no load waits
 // on another. Scores for the G query heads are reduced across the LPT lanes by shuffles;
 // each token group keeps its own online softmax (m, l, o), merged across the warp and the
-// block at the end. Scores run in the log2 domain (q pre-scaled by scale * log2 e; exp2).
-// NVFP4 rows are dequantised in registers (byte-permute lookup to f16) and never written.
-// A second kernel merges the splits' partials (attention_combine.cu).
+// block at the end. Scores run in the log2 domain (q pre-scaled by scale * log2 e; exp2), all
+// arithmetic in f32. A second kernel merges the splits' partials (attention_combine.cu).
 #include <cstdint>
 
 #include "attention_impl.cuh"
@@ -28,70 +28,49 @@ namespace {
 // Row slices and q . k
 // =====================================================================================
 
-constexpr int kUnroll = 4;  // steps per chunk
-constexpr int kE = 8;       // values per lane
+constexpr int kE = 8;  // values per lane
+// steps per chunk: f32 rows are twice the registers of f16 (a lane's 8 values: 32 bytes)
+template <KvFormat F>
+constexpr int kUnroll = F == KvFormat::F32 ? 2 : 4;
 
-// One lane's 8 values of a K or V row.
+// One lane's 8 values of a K or V row (f16: one 16-byte load; f32: two).
 template <KvFormat F>
 struct Slice {
-  uint32_t w[F == KvFormat::F16 ? 4 : 1];
-  uint32_t sc;
-  __device__ __forceinline__ void load(const uint8_t* row, int D, int sub) {
-    if constexpr (F == KvFormat::F16) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + sub);
-      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-      sc = 0;
-    } else {
-      w[0] = __ldg(reinterpret_cast<const uint32_t*>(row) + sub);  // codes 8sub .. 8sub+7
-      sc = __ldg(row + D / 2 + sub / 2);                             // its 16-value block
-    }
-  }
-  // The 8 values as 4 half2 (NVFP4: e2m1 values, unscaled).
-  __device__ __forceinline__ void halves(uint32_t (&h)[4]) const {
-    if constexpr (F == KvFormat::F16) {
+  static constexpr int kW = F == KvFormat::F32 ? 8 : 4;
+  uint32_t w[kW];
+  __device__ __forceinline__ void load(const uint8_t* row, int sub) {
+    const uint4* p = reinterpret_cast<const uint4*>(row) + sub * (kW / 4);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = w[i];
-    } else {
-      e2m1x8_to_half2x4(w[0], h);
+    for (int i = 0; i < kW / 4; ++i) {
+      const uint4 v = __ldg(p + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
     }
   }
-  __device__ __forceinline__ float scale() const {
-    if constexpr (F == KvFormat::F16) return 1.0f;
-    else return e4m3_to_float(sc);
+  __device__ __forceinline__ void floats(float (&f)[kE]) const {
+    if constexpr (F == KvFormat::F32) {
+#pragma unroll
+      for (int i = 0; i < kE; ++i) f[i] = __uint_as_float(w[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+      }
+    }
   }
 };
 
-// q . k over a lane's 8 values for each head. HALF_K: products summed in half2 over the 8
-// values (exact e2m1 values, q rounded to f16), then f32; otherwise all f32.
-template <KvFormat F, int G, bool HALF_K>
-__device__ __forceinline__ void qk(const Slice<F>& k, const float (&qf)[G][kE], const __half2 (&qh)[G][kE / 2],
-                                   float (&s)[G]) {
-  uint32_t h[4];
-  k.halves(h);
-  const float sk = k.scale();
-  if constexpr (HALF_K) {
+// q . k over a lane's 8 values for each head, in f32.
+template <KvFormat F, int G>
+__device__ __forceinline__ void qk(const Slice<F>& k, const float (&qf)[G][kE], float (&s)[G]) {
+  float kf[kE];
+  k.floats(kf);
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      __half2 a = __hmul2(qh[g][0], *reinterpret_cast<const __half2*>(&h[0]));
+  for (int g = 0; g < G; ++g) {
+    float a = 0.0f;
 #pragma unroll
-      for (int i = 1; i < 4; ++i) a = __hfma2(qh[g][i], *reinterpret_cast<const __half2*>(&h[i]), a);
-      const float2 f = __half22float2(a);
-      s[g] = (f.x + f.y) * sk;
-    }
-  } else {
-    float kf[kE];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
-      kf[2 * i] = v.x, kf[2 * i + 1] = v.y;
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float a = 0.0f;
-#pragma unroll
-      for (int e = 0; e < kE; ++e) a = fmaf(qf[g][e], kf[e], a);
-      s[g] = a * sk;
-    }
+    for (int e = 0; e < kE; ++e) a = fmaf(qf[g][e], kf[e], a);
+    s[g] = a;
   }
 }
 
@@ -99,14 +78,14 @@ __device__ __forceinline__ void qk(const Slice<F>& k, const float (&qf)[G][kE], 
 // Split kernel: one block per (KV head, split)
 // =====================================================================================
 
-template <KvFormat F, int D, int G, bool HALF_K>
-__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)
+template <KvFormat F, int D, int G>
+__global__ void __launch_bounds__(kAttnWarps * 32, 3)
 attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                   const int32_t* __restrict__ pages, int block, int n_kv,
                   const float* __restrict__ q, const int32_t* __restrict__ ctx_dev, int split,
                   int n_splits, int n_pt, float scale_log2, float* __restrict__ ws) {
-  constexpr int LPT = D / kE, TPW = 32 / LPT, CHUNK = kUnroll * TPW;
-  constexpr size_t kRow = F == KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16;
+  constexpr int U = kUnroll<F>, LPT = D / kE, TPW = 32 / LPT, CHUNK = U * TPW;
+  constexpr size_t kRow = size_t(D) * (F == KvFormat::F32 ? 4 : 2);
   const int g = blockIdx.x, sp = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int tg = lane / LPT, sub = lane % LPT;
@@ -118,14 +97,10 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
   float qf[G][kE];
-  __half2 qh[G][kE / 2];
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
+  for (int h = 0; h < G; ++h)
 #pragma unroll
     for (int e = 0; e < kE; ++e) qf[h][e] = q[size_t(g * G + h) * D + sub * kE + e] * scale_log2;
-#pragma unroll
-    for (int e = 0; e < kE / 2; ++e) qh[h][e] = __floats2half2_rn(qf[h][2 * e], qf[h][2 * e + 1]);
-  }
   const int ctx = *ctx_dev;
   if (t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
   const int t_end = min(ctx, t_begin + split);
@@ -135,40 +110,40 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 #pragma unroll
   for (int h = 0; h < G; ++h) m[h] = -INFINITY, l[h] = 0.0f;
 
-  // chunk loads: CHUNK (8 or 16) tokens from t0, a multiple of 16: never across a page
-  auto load = [&](int t0, Slice<F> (&ks)[kUnroll], Slice<F> (&vs)[kUnroll]) {
+  // chunk loads: CHUNK (4, 8 or 16: a divisor of 16) tokens from t0: never across a page
+  auto load = [&](int t0, Slice<F> (&ks)[U], Slice<F> (&vs)[U]) {
     const int pg = __shfl_sync(0xffffffffu, my_page, min(t0 / block - p_first, 31));
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int t = min(t0 + u * TPW + tg, w_end - 1);  // past the end: reload the last row
       const size_t off = ((size_t(pg) * block + t % block) * n_kv + g) * kRow;
-      ks[u].load(kbase + off, D, sub);
-      vs[u].load(vbase + off, D, sub);
+      ks[u].load(kbase + off, sub);
+      vs[u].load(vbase + off, sub);
     }
   };
 
   // the next chunk's loads are issued before this chunk is computed (measured: without the
   // second buffer the f16 kernel ran 1.3x slower at 32K)
   constexpr bool kPrefetch = true;
-  Slice<F> ks[kUnroll], vs[kUnroll], kn[kUnroll], vn[kUnroll];
+  Slice<F> ks[U], vs[U], kn[U], vn[U];
   if (w_begin < w_end) load(w_begin, ks, vs);
   for (int t0 = w_begin; t0 < w_end; t0 += CHUNK) {
     if (kPrefetch && t0 + CHUNK < w_end) load(t0 + CHUNK, kn, vn);  // prefetch the next chunk
-    float s[kUnroll][G];
+    float s[U][G];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) qk<F, G, HALF_K>(ks[u], qf, qh, s[u]);
+    for (int u = 0; u < U; ++u) qk<F, G>(ks[u], qf, s[u]);
 #pragma unroll
     for (int off = 1; off < LPT; off <<= 1)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], off);
-    float p[kUnroll][G];
+    float p[U][G];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
       float cm = m[h];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         if (t0 + u * TPW + tg >= w_end) s[u][h] = -INFINITY;
         cm = fmaxf(cm, s[u][h]);
       }
@@ -176,33 +151,26 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
       const float alpha = exp2f(m[h] - ref);
       float sum = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) sum += (p[u][h] = exp2f(s[u][h] - ref));
+      for (int u = 0; u < U; ++u) sum += (p[u][h] = exp2f(s[u][h] - ref));
       l[h] = l[h] * alpha + sum;
       m[h] = cm;
 #pragma unroll
       for (int e = 0; e < kE; ++e) o[h][e] *= alpha;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      uint32_t hv[4];
-      vs[u].halves(hv);
+    for (int u = 0; u < U; ++u) {
       float vf[kE];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&hv[i]));
-        vf[2 * i] = v.x, vf[2 * i + 1] = v.y;
-      }
-      const float sv = vs[u].scale();
+      vs[u].floats(vf);
 #pragma unroll
       for (int h = 0; h < G; ++h) {
-        const float w = p[u][h] * sv;
+        const float w = p[u][h];
 #pragma unroll
         for (int e = 0; e < kE; ++e) o[h][e] = fmaf(w, vf[e], o[h][e]);
       }
     }
     if (kPrefetch) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) ks[u] = kn[u], vs[u] = vn[u];
+      for (int u = 0; u < U; ++u) ks[u] = kn[u], vs[u] = vn[u];
     }
     if (!kPrefetch && t0 + CHUNK < w_end) load(t0 + CHUNK, ks, vs);
   }
@@ -261,7 +229,7 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 // Launchers
 // =====================================================================================
 
-template <KvFormat F, int D, bool HALF_K>
+template <KvFormat F, int D>
 cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx,
                          int split, int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
@@ -269,7 +237,7 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
   const dim3 threads(kAttnWarps * 32);
 #define KVDECK_ATTN_CASE(GG)                                                               \
   case GG:                                                                                 \
-    return launch_kernel(attn_split_kernel<F, D, GG, HALF_K>, grid, threads, st, /*pdl=*/true, k, v, kv.pages, \
+    return launch_kernel(attn_split_kernel<F, D, GG>, grid, threads, st, /*pdl=*/true, k, v, kv.pages, \
                          kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_ATTN_CASE(1)
@@ -286,7 +254,6 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
   return cudaGetLastError();
 }
 
-template <bool HALF_K>
 cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                         const float* fresh_k = nullptr, const float* fresh_v = nullptr,
@@ -299,11 +266,11 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
   const float sl2 = scale * 1.4426950408889634f;  // log2(e)
   cudaError_t err;
   if (kv.format == KvFormat::F16)
-    err = kv.D == 128 ? launch_split<KvFormat::F16, 128, false>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_split<KvFormat::F16, 64, false>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
-  else if (kv.format == KvFormat::NVFP4)
-    err = kv.D == 128 ? launch_split<KvFormat::NVFP4, 128, HALF_K>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_split<KvFormat::NVFP4, 64, HALF_K>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::F32)
+    err = kv.D == 128 ? launch_split<KvFormat::F32, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F32, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
@@ -318,27 +285,20 @@ cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, con
                              cudaStream_t stream, const float* fresh_k, const float* fresh_v,
                              const int32_t* rope_pos, const float* rope_inv) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
-  // measured on the H200 (gpu_bench): NVFP4 pages run fastest on the tensor cores, f16 pages
-  // (memory-bound) on the f32 SIMT kernel; NVFP4R / K8V4 have only the tensor-core kernel
+  // measured on the H200 (gpu_bench): the 4-bit formats run fastest on the tensor cores
+  // (attention_mma.cu; NVFP4 on this SIMT kernel took 57.6 µs at 32K against 33.0), f16 and
+  // f32 pages (memory-bound) on the f32 SIMT kernel here
   if (kv.format == KvFormat::NVFP4 || kv.format == KvFormat::NVFP4R || kv.format == KvFormat::K8V4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
                                         fresh_v, rope_pos, rope_inv);
-  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v,
-                            rope_pos, rope_inv);
+  return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
+                     rope_inv);
 }
 
 namespace detail {
 cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                   int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
-  return decode_impl<false>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
-}
-}  // namespace detail
-
-namespace detail {
-cudaError_t attention_decode_half_qk(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                     int max_ctx, float scale, float* workspace, float* out,
-                                     cudaStream_t stream) {
-  return decode_impl<true>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
+  return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
 }
 }  // namespace detail
 

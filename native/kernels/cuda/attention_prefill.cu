@@ -1,14 +1,15 @@
-// attention_prefill.cu — causal attention of M new queries over paged f16 / NVFP4 KV (the cached
-// prefix and the chunk's own tokens) on the tensor cores: flash-attention style, mma.sync
-// m16n8k16 f16 in / f32 accumulate, online softmax in the log2 domain. Contract: kernels_cuda.h
-// (attention_prefill). sm_80+ (ldmatrix, mma.sync): Orin and Hopper.
+// attention_prefill.cu — causal attention of M new queries over paged KV of every pool format
+// but kpc4 (the cached prefix and the chunk's own tokens) on the tensor cores: flash-attention
+// style, mma.sync m16n8k16 f16 in / f32 accumulate, online softmax in the log2 domain.
+// Contract: kernels_cuda.h (attention_prefill). sm_80+ (ldmatrix, mma.sync): Orin and Hopper.
 //
 // Grid (row tiles of 64, KV heads). Rows are (query m, head j of the KV head's group of G)
 // pairs, r = m G + j, so a block's 64 rows share one KV head and every K / V tile read once
 // serves 64 / G queries x G heads. 4 warps, 16 rows each. Per KV tile of 64 tokens:
-//   fill   all 128 threads copy (f16) or decode (NVFP4: e2m1 x e4m3, exact in f16) the tile's
-//          K and V rows into shared memory as f16 [64][D + 8] (padded: conflict-free ldmatrix);
-//          the chunk's own tokens (fresh: t >= pos[0]) come from their f32 rows, rounded to f16;
+//   fill   all 128 threads copy (f16) or decode (NVFP4: e2m1 x e4m3, exact in f16; NVFP4R,
+//          K8V4: times the row scale, f32 rows: rounded to f16) the tile's K and V rows into
+//          shared memory as f16 [64][D + 8] (padded: conflict-free ldmatrix); the chunk's own
+//          tokens (fresh: t >= pos[0]) come from their f32 rows, rounded to f16;
 //   S      = Q K^T per warp (16 x 64), B fragments by ldmatrix; Q in registers as f16, split
 //          into hi + lo (QSPLIT: f32-level scores, two MMAs per slice);
 //   softmax rows gid / gid + 8 of the warp tile; causal mask t <= pos[m];
@@ -17,6 +18,7 @@
 // Warps whose rows all end before a tile skip its MMAs (the diagonal of the causal mask).
 #include <cstdint>
 
+#include "attention_mma_rows.cuh"
 #include "common.cuh"
 #include "kernels_cuda.h"
 
@@ -69,29 +71,57 @@ __device__ __forceinline__ __half e4m3_half(uint32_t b) {
 constexpr int kRows = 64;  // query rows per block (4 warps x 16)
 constexpr int kTok = 64;   // tokens per KV tile
 
-template <KvFormat F, int D>
+// Bytes of a K (V = false) or V row of one head (kv_pool.h; attention_mma_rows.cuh Fmt).
+template <KvFormat F, int D, bool V>
+__host__ __device__ constexpr size_t row_bytes() {
+  if constexpr (F == KvFormat::F32) return size_t(D) * 4;
+  else if constexpr (V) return Fmt<F>::template vrow<D>();
+  else return Fmt<F>::template krow<D>();
+}
+
+__device__ __forceinline__ void scale_h2(uint32_t (&h)[8], float g) {  // h *= g, in f32, rounded to f16
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 f = __half22float2(bits2h(h[i]));
+    h[i] = pack_h2(f.x * g, f.y * g);
+  }
+}
+
+// Values 16c .. 16c + 15 of a row as f16: f16 as they are; NVFP4 e2m1 x e4m3 (exact in f16);
+// NVFP4R (and K8V4's V) the same times the f16 row scale, K8V4's K int8 times its row scale,
+// f32 rows: those two products and f32 values rounded to f16 (as the fresh rows).
+template <KvFormat F, int D, bool V>
 __device__ __forceinline__ void fill16(__half* dst, const uint8_t* row, int c) {
-  uint4 lo, hi;
+  uint32_t h[8];
   if constexpr (F == KvFormat::F16) {
     const uint4* p = reinterpret_cast<const uint4*>(row + size_t(c) * 32);
-    lo = __ldg(p), hi = __ldg(p + 1);
-  } else {
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(row + size_t(c) * 8));  // 72-byte rows: 8-aligned
+    const uint4 lo = __ldg(p), hi = __ldg(p + 1);
+    h[0] = lo.x, h[1] = lo.y, h[2] = lo.z, h[3] = lo.w, h[4] = hi.x, h[5] = hi.y, h[6] = hi.z, h[7] = hi.w;
+  } else if constexpr (F == KvFormat::F32) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(row) + 4 * c + i);
+      h[2 * i] = pack_h2(v.x, v.y), h[2 * i + 1] = pack_h2(v.z, v.w);
+    }
+  } else if constexpr (F == KvFormat::K8V4 && !V) {  // int8 [D] + f16 row scale: 2-byte aligned rows
+    uint32_t w[4];
+    load_words<2>(row + size_t(c) * 16, w, 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) i8x4_to_half2x2(w[i], h + 2 * i);
+    scale_h2(h, __half2float(__ushort_as_half(uint16_t(ld_u16(row + D)))));
+  } else {  // codes [D/2], E4M3 block scales [D/16] (+ the f16 row scale)
+    uint32_t w[2];
+    load_words<Fmt<F>::template align<D>()>(row + size_t(c) * 8, w, 2);  // 8 (D 128), 4 (D 64) or 2
     const __half s = e4m3_half(__ldg(row + D / 2 + c));
     const __half2 s2 = __halves2half2(s, s);
-    uint32_t h[8];
-    e2m1x8_to_half2x4(w.x, h);
-    e2m1x8_to_half2x4(w.y, h + 4);
+    e2m1x8_to_half2x4(w[0], h);
+    e2m1x8_to_half2x4(w[1], h + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      __half2 v = *reinterpret_cast<__half2*>(&h[i]);
-      v = __hmul2(v, s2);
-      h[i] = *reinterpret_cast<uint32_t*>(&v);
-    }
-    lo = make_uint4(h[0], h[1], h[2], h[3]), hi = make_uint4(h[4], h[5], h[6], h[7]);
+    for (int i = 0; i < 8; ++i) h[i] = h2bits(__hmul2(bits2h(h[i]), s2));
+    if constexpr (Fmt<F>::kRowScale) scale_h2(h, __half2float(__ushort_as_half(uint16_t(ld_u16(row + D / 2 + D / 16)))));
   }
-  reinterpret_cast<uint4*>(dst)[0] = lo;
-  reinterpret_cast<uint4*>(dst)[1] = hi;
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(h[0], h[1], h[2], h[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
 __device__ __forceinline__ void fill16_f32(__half* dst, const float* x) {
@@ -118,7 +148,7 @@ attn_prefill_kernel(const uint8_t* __restrict__ kb, const uint8_t* __restrict__ 
   constexpr int KS = D / 16;   // k slices of S, k16 tiles of D
   constexpr int ND = D / 8;    // n tiles of O
   constexpr int LD = D + 8;    // shared row stride in halves
-  constexpr size_t kRow = F == KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16;
+  constexpr size_t kRowK = row_bytes<F, D, false>(), kRowV = row_bytes<F, D, true>();
   __shared__ __align__(16) __half ks[kTok][LD];
   __shared__ __align__(16) __half vs[kTok][LD];
   __shared__ int s_end;
@@ -185,10 +215,9 @@ attn_prefill_kernel(const uint8_t* __restrict__ kb, const uint8_t* __restrict__ 
         fill16_f32(kd, fk + off);
         fill16_f32(vd, fv + off);
       } else {
-        const size_t slot = size_t(__ldg(pages + t / block)) * block + t % block;
-        const size_t off = (slot * n_kv + g) * kRow;
-        fill16<F, D>(kd, kb + off, c);
-        fill16<F, D>(vd, vb + off, c);
+        const size_t slot = (size_t(__ldg(pages + t / block)) * block + t % block) * n_kv + g;
+        fill16<F, D, false>(kd, kb + slot * kRowK, c);
+        fill16<F, D, true>(vd, vb + slot * kRowV, c);
       }
     }
     __syncthreads();
@@ -305,18 +334,26 @@ cudaError_t attention_prefill(const PagedKv& kv, const float* q, int ldq, int M,
     return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv, D = kv.D;
   // what the kernel's vector loads need; anything else is attention_paged's
-  const bool ok = (D == 64 || D == 128) && (kv.format == KvFormat::F16 || kv.format == KvFormat::NVFP4) &&
+  const bool ok = (D == 64 || D == 128) && int(kv.format) >= 0 && int(kv.format) <= int(KvFormat::K8V4) &&
                   ldq % 2 == 0 && aligned(q, 8) && aligned(kv.k, 16) && aligned(kv.v, 16) &&
                   (!fresh_k || (fresh_ld % 4 == 0 && fresh_ld >= kv.n_kv * D && aligned(fresh_k, 16) &&
                                 aligned(fresh_v, 16))) &&
                   size_t(M) * G <= size_t(1) << 30;
   if (!ok) return cudaErrorNotSupported;
   const float sl2 = scale * 1.4426950408889634f;
-  if (kv.format == KvFormat::F16)
-    return D == 128 ? launch_prefill_q<KvFormat::F16, 128>(q_split, kv, q, ldq, M, G, pos, sl2, out, stream, fresh_k, fresh_v, fresh_ld)
-                    : launch_prefill_q<KvFormat::F16, 64>(q_split, kv, q, ldq, M, G, pos, sl2, out, stream, fresh_k, fresh_v, fresh_ld);
-  return D == 128 ? launch_prefill_q<KvFormat::NVFP4, 128>(q_split, kv, q, ldq, M, G, pos, sl2, out, stream, fresh_k, fresh_v, fresh_ld)
-                  : launch_prefill_q<KvFormat::NVFP4, 64>(q_split, kv, q, ldq, M, G, pos, sl2, out, stream, fresh_k, fresh_v, fresh_ld);
+#define KVDECK_PREFILL_FMT(FF)                                                                                  \
+  case FF:                                                                                                      \
+    return D == 128 ? launch_prefill_q<FF, 128>(q_split, kv, q, ldq, M, G, pos, sl2, out, stream, fresh_k, fresh_v, fresh_ld) \
+                    : launch_prefill_q<FF, 64>(q_split, kv, q, ldq, M, G, pos, sl2, out, stream, fresh_k, fresh_v, fresh_ld);
+  switch (kv.format) {
+    KVDECK_PREFILL_FMT(KvFormat::F32)
+    KVDECK_PREFILL_FMT(KvFormat::F16)
+    KVDECK_PREFILL_FMT(KvFormat::NVFP4)
+    KVDECK_PREFILL_FMT(KvFormat::NVFP4R)
+    KVDECK_PREFILL_FMT(KvFormat::K8V4)
+  }
+#undef KVDECK_PREFILL_FMT
+  return cudaErrorNotSupported;
 }
 
 }  // namespace kvdeck::cuda

@@ -189,10 +189,10 @@ cudaError_t gemv_m1_config(int fmt, int R, int U, bool pipelined, const uint8_t*
 // Paged decode attention (one query token per sequence, GQA)
 // =====================================================================================
 // KV of one layer as kv_pool.h stores it: K and V [n_pages, block, n_kv, row], where row is
-// one head's D values: F16: f16 [D]; NVFP4: u8 codes [D/2] then u8 E4M3 scales [D/16]
+// one head's D values: F32: f32 [D]; F16: f16 [D]; NVFP4: u8 codes [D/2] then u8 E4M3 scales [D/16]
 // (tensor scale 1). Token t of the sequence lives in page pages[t / block], slot t % block.
-enum class KvFormat : int32_t { F16 = 1, NVFP4 = 2, NVFP4R = 3, K8V4 = 4 };  // the values of kvdeck::KvDType
-// (NVFP4R / K8V4: the row layouts of kv_pool.h, tensor-core kernel only)
+enum class KvFormat : int32_t { F32 = 0, F16 = 1, NVFP4 = 2, NVFP4R = 3, K8V4 = 4 };  // the values of kvdeck::KvDType
+// (NVFP4R / K8V4: the row layouts of kv_pool.h)
 
 struct PagedKv {
   const void* k = nullptr;          // device: [n_pages, block, n_kv, row]
@@ -223,10 +223,10 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 // out[h] = softmax_t(scale * q[h] . k_t) . v_t over t in [0, ctx), for head h of KV head
 // h / (n_heads / n_kv). Split over the sequence: one block per (KV head, split)
 // (attn_split_tokens) computes every query head of its group with an online softmax,
-// dequantising NVFP4 rows in registers; a second kernel merges the splits. f16 pages run on
-// f32 SIMT cores (relative error ~1e-6); NVFP4 pages on the tensor cores
+// dequantising 4-bit rows in registers; a second kernel merges the splits. f16 and f32 pages
+// run on f32 SIMT cores (relative error ~1e-6); NVFP4, NVFP4R and K8V4 pages on the tensor cores
 // (detail::attention_decode_mma: q and p rounded to f16, ~5e-4 relative), the faster of the
-// two measured on the H200 for each format; NVFP4R / K8V4 pages on the tensor cores too.
+// two measured on the H200 for NVFP4.
 //   q: f32 [n_heads, D] (roped);  out: f32 [n_heads, D];  ctx >= 1 (a device int so that a
 //   CUDA graph can replay it: ctx_dev[0]); max_ctx bounds ctx and sizes the grid and
 //   workspace (attn_workspace_floats(n_heads, max_ctx, D) floats).
@@ -243,14 +243,9 @@ cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, con
                              const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 
 namespace detail {
-// attention_decode's f32 SIMT kernel for either format (NVFP4 defaults to the tensor cores).
+// attention_decode's f32 SIMT kernel (f16 / f32 pages; what attention_decode runs for them).
 cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                   int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
-// attention_decode's SIMT kernel with the NVFP4 q.k products summed in half2 over 8 values (then f32):
-// the measured alternative (gpu_bench). f16 KV runs the f32 path either way.
-cudaError_t attention_decode_half_qk(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                     int max_ctx, float scale, float* workspace, float* out,
-                                     cudaStream_t stream);
 // attention_decode on the tensor cores (mma.sync m16n8k16, sm_80+): S = Q K^T with Q rounded
 // to f16 (K is exact in f16), O^T += V^T P^T with P rounded to f16, f32 accumulation. Same
 // arguments, workspace and results (to ~5e-4 relative).
@@ -340,11 +335,13 @@ cudaError_t attention_paged(int format, const void* k_pages, const void* v_pages
                             int n_kv, int D, const float* q, int ldq, int M, int n_heads, const int32_t* pos,
                             float scale, float* out, cudaStream_t stream, int max_ctx = 0, float* ws = nullptr,
                             const float* fresh_k = nullptr, const float* fresh_v = nullptr, int fresh_ld = 0);
-// Causal prefill attention of M queries over f16 / NVFP4 pages on the tensor cores
+// Causal prefill attention of M queries over paged KV on the tensor cores
 // (attention_prefill.cu): the arguments of attention_paged (q row stride ldq, pos: device i32
-// [M], out f32 [M, n_heads*D] packed, fresh_k / fresh_v as there), kv.format F16 / NVFP4,
-// kv.pages covering every pos[m]. Any G = n_heads / n_kv. q and p are rounded to f16 (q_split:
-// q as f16 hi + lo, f32-level scores), fresh rows are rounded to f16; accumulation in f32.
+// [M], out f32 [M, n_heads*D] packed, fresh_k / fresh_v as there), kv.format F32 / F16 /
+// NVFP4 / NVFP4R / K8V4, kv.pages covering every pos[m]. Any G = n_heads / n_kv. q and p are
+// rounded to f16 (q_split: q as f16 hi + lo, f32-level scores); K / V values reach the MMAs as
+// f16: exact for F16 and NVFP4, rounded once for F32 rows, the row-scaled formats and fresh
+// rows (finite range: |x| <= 65504); accumulation in f32.
 // Returns cudaErrorNotSupported (nothing launched) for what it does not take: D not 64 / 128,
 // other formats, unaligned q / pages / fresh rows; attention_paged covers those.
 cudaError_t attention_prefill(const PagedKv& kv, const float* q, int ldq, int M, int n_heads, const int32_t* pos,

@@ -4,17 +4,18 @@ own row unrounded (attention_fresh): µs per layer, KV GB/s, time over f16's at 
     python3 native/kernels/cuda/bench/attn_formats.py [--ctx 4096,16384,32768] [--reps 7]
     python3 native/kernels/cuda/bench/attn_formats.py --prefill [--p0 0,4096] [--m 512]
 
-nvfp4r / k8v4 rows are timed twice: the default (paged) kernel and the opt-in tensor-core
-split kernel (KVDECK_CUDA_ATTN_ROWSCALE=mma, column "kernel").
---prefill: M new queries at p0 (f16 / nvfp4 pages, nvfp4 with its own rows unrounded as the
-engine runs it) on the opt-in tensor-core prefill kernel (KVDECK_CUDA_ATTN_PREFILL=mma) against
-the default f32 kernel, interleaved, same backend build.
+f32 / nvfp4r / k8v4 rows are timed twice, interleaved: the default split kernel (f32 SIMT, the
+others on the tensor cores; column "kernel" split) and the f32 paged kernel it replaced
+(KVDECK_CUDA_ATTN_DECODE=paged, "paged").
+--prefill: M new queries at p0 (every format; nvfp4 with its own rows unrounded as the engine
+runs it) on the default tensor-core prefill kernel (mma) against the f32 paged kernel
+(KVDECK_CUDA_ATTN_PREFILL=paged), interleaved, same backend build.
 
 One layer of Llama-3-8B (32 q heads, 8 KV heads, D 128, pages of 16) through
 BackendOps.attention_timing: `layers` pools, each its own memory (>= 256 MB of KV in all, past
 the 60 MB L2), one attention per layer a pass, host-timed around a sync; the best of the
 passes over layers. Launch-inclusive (each layer is 2-3 launches), so the kernel bench
-(run_bench.py, CUDA graphs) reads slightly lower for the same kernel.
+(gpu_bench, CUDA graphs) reads slightly lower for the same kernel.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def prefill(a) -> int:
     new = backend(KVDECK_CUDA_ATTN_PREFILL="mma")
     print(f"{'kv':<8}{'fresh':<7}{'M':>5}{'p0':>6} {'mma us':>9} {'paged us':>9} {'speed-up':>9}")
     for p0 in (int(x) for x in a.p0.split(",")):
-        for kv, fresh in (("f16", False), ("nvfp4", True)):
+        for kv, fresh in (("f32", False), ("f16", False), ("nvfp4", True), ("nvfp4r", True), ("k8v4", True)):
             layers = 8
             best = {}
             for _ in range(2):  # interleaved: new, old, new, old
@@ -67,14 +68,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", default="4096,16384,32768")
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--formats", default="f16,nvfp4,nvfp4r,k8v4")
+    ap.add_argument("--formats", default="f16,f32,nvfp4,nvfp4r,k8v4")
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--p0", default="0,4096")
     ap.add_argument("--m", type=int, default=512)
     a = ap.parse_args()
     if a.prefill:
         return prefill(a)
-    kernels = {"default": backend(KVDECK_CUDA_ATTN_ROWSCALE="paged"), "mma": backend(KVDECK_CUDA_ATTN_ROWSCALE="mma")}
+    kernels = {"split": backend(), "paged": backend(KVDECK_CUDA_ATTN_DECODE="paged")}
     nh, nkv, D = 32, 8, 128
     print(f"{'kv':<8}{'fresh':<7}{'kernel':<9}{'ctx':>7} {'us/layer':>9} {'GB/s':>7} {'x f16':>6}")
     for ctx in (int(c) for c in a.ctx.split(",")):
@@ -83,7 +84,7 @@ def main() -> int:
             for fresh in (False, True):
                 if fresh and kv == "f16":
                     continue
-                for kern in ("default", "mma") if kv in ("nvfp4r", "k8v4") else ("default",):
+                for kern in ("split", "paged") if kv in ("f32", "nvfp4r", "k8v4") else ("split",):
                     per_layer = ctx * nkv * kv_bytes(kv, D)
                     layers = max(2, min(64, (256 << 20) // per_layer + 1))
                     secs, _ = kernels[kern].attention_timing(nh, nkv, D, ctx - 1, 1, kv=kv, layers=layers,

@@ -2,6 +2,7 @@
 // rows as the CPU codecs decode them, and timing at 4K / 16K / 32K context (Llama-3-8B:
 // 32 query heads, 8 KV heads, D = 128, pages of 16 tokens, page table shuffled).
 #include "bench_common.h"
+#include "attention_impl.cuh"
 #include "kernels_cuda.h"
 #include "kvdeck/formats.h"
 #include "kvdeck/ops_cpu.h"
@@ -19,11 +20,10 @@ struct AttnCase {
   bool profile = false;  // one launch of the default kernel, nothing checked (for ncu)
 };
 
-size_t row_bytes(kc::KvFormat f, int D) { return f == kc::KvFormat::F16 ? size_t(D) * 2 : size_t(D) / 2 + D / 16; }
-
 // Any pool format (kv_pool.h): a K (v = false) or V row's bytes, and the CPU codec of it.
 size_t kv_bytes(kc::KvFormat f, int D, bool v) {
   switch (f) {
+    case kc::KvFormat::F32: return size_t(D) * 4;
     case kc::KvFormat::F16: return size_t(D) * 2;
     case kc::KvFormat::NVFP4: return size_t(D) / 2 + D / 16;
     case kc::KvFormat::NVFP4R: return size_t(D) / 2 + D / 16 + 2;
@@ -31,26 +31,7 @@ size_t kv_bytes(kc::KvFormat f, int D, bool v) {
   }
 }
 const char* fmt_name(kc::KvFormat f) {
-  return f == kc::KvFormat::F16 ? "f16" : f == kc::KvFormat::NVFP4 ? "nvfp4" : f == kc::KvFormat::NVFP4R ? "nvfp4r" : "k8v4";
-}
-
-// Encode one row of D floats in the pool format (the CPU's codecs).
-void encode_row(kc::KvFormat f, const float* x, int D, uint8_t* row) {
-  if (f == kc::KvFormat::F16) {
-    auto* h = reinterpret_cast<uint16_t*>(row);
-    for (int i = 0; i < D; ++i) h[i] = kvdeck::f32_to_f16(x[i]);
-  } else {
-    kvdeck::cpu::kv_nvfp4_encode_row(x, D, row);
-  }
-}
-
-void decode_row(kc::KvFormat f, const uint8_t* row, int D, float* x) {
-  if (f == kc::KvFormat::F16) {
-    const auto* h = reinterpret_cast<const uint16_t*>(row);
-    for (int i = 0; i < D; ++i) x[i] = kvdeck::f16_to_f32(h[i]);
-  } else {
-    kvdeck::cpu::kv_nvfp4_decode_row(row, D, x);
-  }
+  return f == kc::KvFormat::F32 ? "f32" : f == kc::KvFormat::F16 ? "f16" : f == kc::KvFormat::NVFP4 ? "nvfp4" : f == kc::KvFormat::NVFP4R ? "nvfp4r" : "k8v4";
 }
 
 void run_case(Options& o, const AttnCase& c) {
@@ -132,7 +113,7 @@ void run_case(Options& o, const AttnCase& c) {
     return kv;
   };
 
-  // the default path (f32 SIMT), the tensor-core path and, for NVFP4, the half2 q.k alternative
+  // the default path, the tensor-core path (4-bit formats and f16), the SIMT path (f16, f32)
   using Fn = cudaError_t (*)(const kc::PagedKv&, const float*, int, const int32_t*, int, float, float*,
                              float*, cudaStream_t);
   struct Variant {
@@ -154,11 +135,10 @@ void run_case(Options& o, const AttnCase& c) {
                     float* out, cudaStream_t st) {
     return kc::detail::attention_decode_mma(kv, q, nh, cx, mc, sc, ws, out, st);
   };
-  const bool simt = c.fmt == kc::KvFormat::F16 || nv;  // the SIMT kernel takes f16 / nvfp4 only
-  std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, c.fmt != kc::KvFormat::F16 ? 1e-3 : 1e-4},
-                               {std::string("attn_") + fname + "_mma", mma, 1e-3}};
-  if (simt) vars.push_back({std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4});
-  if (nv) vars.push_back({"attn_nvfp4_hqk", kc::detail::attention_decode_half_qk, 5e-3});
+  const bool simt = c.fmt == kc::KvFormat::F16 || c.fmt == kc::KvFormat::F32;  // the SIMT kernel's formats
+  std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, simt ? 1e-4 : 1e-3}};
+  if (c.fmt != kc::KvFormat::F32) vars.push_back({std::string("attn_") + fname + "_mma", mma, 1e-3});
+  if (c.fmt == kc::KvFormat::F16) vars.push_back({"attn_f16_simt", kc::detail::attention_decode_simt, 1e-4});
   if (nv) vars.push_back({"attn_nvfp4_pair", kc::detail::attention_decode_mma_pair, 1e-3});
   for (const Variant& var : vars) {
     if (c.profile) break;
@@ -178,6 +158,15 @@ void run_case(Options& o, const AttnCase& c) {
     char tsh[64];
     std::snprintf(tsh, sizeof tsh, "ctx=%d", c.ctx);
     add_timing(o, var.name, tsh, us, bytes);
+  }
+  if (c.time && !c.profile) {  // the split combine alone (its partials as the last variant left them)
+    const int split = kc::attn_split_tokens(c.max_ctx), n_splits = kc::attn_splits(c.max_ctx);
+    const double us = time_us(o, layers, [&](int, cudaStream_t st) {
+      kc::detail::launch_attn_combine(dws, dctx, split, n_splits, c.D, c.n_heads, dout, st);
+    });
+    char tsh[64];
+    std::snprintf(tsh, sizeof tsh, "ctx=%d", c.ctx);
+    add_timing(o, std::string("attn_combine_") + fname, tsh, us, double(c.n_heads) * n_splits * (c.D + 2) * 4);
   }
   for (int l = 0; l < layers; ++l) {
     CK(cudaFree(dk[l]));
@@ -202,9 +191,10 @@ struct PrefillCase {
 
 void run_prefill(Options& o, const PrefillCase& c) {
   const int B = 16, ctx = c.p0 + c.M, n_pages = (ctx + B - 1) / B, G = c.n_heads / c.n_kv, KD = c.n_kv * c.D;
-  const size_t row = row_bytes(c.fmt, c.D);
-  const size_t layer_bytes = size_t(n_pages) * B * c.n_kv * row;
-  const char* fname = c.fmt == kc::KvFormat::F16 ? "f16" : "nvfp4";
+  const size_t rk = kv_bytes(c.fmt, c.D, false), rv = kv_bytes(c.fmt, c.D, true);
+  const size_t kbytes = size_t(n_pages) * B * c.n_kv * rk, vbytes = size_t(n_pages) * B * c.n_kv * rv;
+  const auto dt = kvdeck::KvDType(int(c.fmt));
+  const char* fname = fmt_name(c.fmt);
   Rng rng(77 + c.M * 5 + c.p0 + int(c.fmt) + c.D + c.fresh);
   std::vector<int32_t> pages(n_pages);
   for (int i = 0; i < n_pages; ++i) pages[i] = i;
@@ -213,12 +203,12 @@ void run_prefill(Options& o, const PrefillCase& c) {
   for (auto& x : kf) x = rng.normal();
   for (auto& x : vf) x = rng.normal();
   for (auto& x : q) x = rng.normal();
-  std::vector<uint8_t> hk(layer_bytes, 0), hv(layer_bytes, 0);
+  std::vector<uint8_t> hk(kbytes, 0), hv(vbytes, 0);
   for (int t = 0; t < ctx; ++t)
     for (int g = 0; g < c.n_kv; ++g) {
-      const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row;
-      encode_row(c.fmt, &kf[size_t(t) * KD + size_t(g) * c.D], c.D, &hk[off]);
-      encode_row(c.fmt, &vf[size_t(t) * KD + size_t(g) * c.D], c.D, &hv[off]);
+      const size_t slot = (size_t(pages[t / B]) * B + t % B) * c.n_kv + g;
+      kvdeck::cpu::kv_encode_row(dt, false, &kf[size_t(t) * KD + size_t(g) * c.D], c.D, &hk[slot * rk]);
+      kvdeck::cpu::kv_encode_row(dt, true, &vf[size_t(t) * KD + size_t(g) * c.D], c.D, &hv[slot * rv]);
     }
   const float scale = 1.0f / std::sqrt(float(c.D));
   std::vector<double> ref(q.size(), 0.0);
@@ -226,13 +216,13 @@ void run_prefill(Options& o, const PrefillCase& c) {
     std::vector<float> kd(kf.size()), vd(vf.size());
     for (int t = 0; t < ctx; ++t)
       for (int g = 0; g < c.n_kv; ++g) {
-        const size_t off = ((size_t(pages[t / B]) * B + t % B) * c.n_kv + g) * row, i = size_t(t) * KD + size_t(g) * c.D;
+        const size_t slot = (size_t(pages[t / B]) * B + t % B) * c.n_kv + g, i = size_t(t) * KD + size_t(g) * c.D;
         if (c.fresh && t >= c.p0) {
           std::copy(&kf[i], &kf[i] + c.D, &kd[i]);
           std::copy(&vf[i], &vf[i] + c.D, &vd[i]);
         } else {
-          decode_row(c.fmt, &hk[off], c.D, &kd[i]);
-          decode_row(c.fmt, &hv[off], c.D, &vd[i]);
+          kvdeck::cpu::kv_decode_row(dt, false, &hk[slot * rk], c.D, &kd[i]);
+          kvdeck::cpu::kv_decode_row(dt, true, &hv[slot * rv], c.D, &vd[i]);
         }
       }
     std::vector<double> sc(ctx);
@@ -255,12 +245,12 @@ void run_prefill(Options& o, const PrefillCase& c) {
         }
       }
   }
-  const int layers = c.time ? copies_for(o, 2.0 * layer_bytes) : 1;
+  const int layers = c.time ? copies_for(o, double(kbytes + vbytes)) : 1;
   std::vector<uint8_t*> dk(layers), dv(layers);
   for (int l = 0; l < layers; ++l) {
-    dk[l] = dalloc<uint8_t>(layer_bytes), dv[l] = dalloc<uint8_t>(layer_bytes);
-    CK(cudaMemcpy(dk[l], hk.data(), layer_bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dv[l], hv.data(), layer_bytes, cudaMemcpyHostToDevice));
+    dk[l] = dalloc<uint8_t>(kbytes), dv[l] = dalloc<uint8_t>(vbytes);
+    CK(cudaMemcpy(dk[l], hk.data(), kbytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv[l], hv.data(), vbytes, cudaMemcpyHostToDevice));
   }
   std::vector<int32_t> posv(c.M);
   for (int m = 0; m < c.M; ++m) posv[m] = c.p0 + m;
@@ -306,8 +296,9 @@ void run_prefill(Options& o, const PrefillCase& c) {
       const ErrStats e = compare(out.data(), ref.data(), out.size());
       add_validation(var.name + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, var.bound);
     }
-    if (c.time) {
-      const double bytes = double(layer_bytes) * 2 + 2.0 * q.size() * 4;
+    // the paged kernel takes ~40 ms at p0 4096 (session 6): timed at p0 0 only
+    if (c.time && (c.p0 == 0 || var.name != base + "_paged")) {
+      const double bytes = double(kbytes + vbytes) + 2.0 * q.size() * 4;
       const double us = time_us(o, layers, [&](int l, cudaStream_t st) { var.fn(l, st); });
       add_timing(o, var.name, sh, us, bytes);
     }
@@ -324,7 +315,7 @@ void run_prefill(Options& o, const PrefillCase& c) {
 }  // namespace
 
 void bench_prefill_attention(Options& o) {
-  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
+  for (kc::KvFormat f : {kc::KvFormat::F32, kc::KvFormat::F16, kc::KvFormat::NVFP4, kc::KvFormat::NVFP4R, kc::KvFormat::K8V4}) {
     // tails in M and in the 64-row / 64-token tiles, a cached prefix, fresh rows, SmolLM2's 9/3 at D 64
     run_prefill(o, {32, 8, 128, 70, 0, f, false, true, false});
     run_prefill(o, {32, 8, 128, 130, 300, f, true, true, false});
@@ -332,8 +323,10 @@ void bench_prefill_attention(Options& o) {
     run_prefill(o, {9, 3, 64, 45, 17, f, false, true, false});
     run_prefill(o, {9, 3, 64, 100, 200, f, true, true, false});
     if (o.quick) continue;
-    run_prefill(o, {32, 8, 128, 512, 0, f, f == kc::KvFormat::NVFP4, true, true});  // the 8B 512-token prefill
-    run_prefill(o, {32, 8, 128, 512, 4096, f, f == kc::KvFormat::NVFP4, false, true});
+    // the 8B 512-token prefill (fresh rows where the engine reads them: the 4-bit formats)
+    const bool fr = f == kc::KvFormat::NVFP4 || f == kc::KvFormat::NVFP4R || f == kc::KvFormat::K8V4;
+    run_prefill(o, {32, 8, 128, 512, 0, f, fr, f == kc::KvFormat::F16, true});
+    run_prefill(o, {32, 8, 128, 512, 4096, f, fr, false, true});
   }
 }
 
@@ -347,7 +340,7 @@ void profile_attention(Options& o) {
 
 void bench_attention(Options& o) {
   bench_prefill_attention(o);
-  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4, kc::KvFormat::NVFP4R, kc::KvFormat::K8V4}) {
+  for (kc::KvFormat f : {kc::KvFormat::F32, kc::KvFormat::F16, kc::KvFormat::NVFP4, kc::KvFormat::NVFP4R, kc::KvFormat::K8V4}) {
     // short and ragged contexts, a grid sized for more than ctx, SmolLM2's 9/3 heads at D=64
     run_case(o, {32, 8, 128, 1, 1, f, false});
     run_case(o, {32, 8, 128, 17, 17, f, false});

@@ -47,6 +47,7 @@ double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
 
 size_t row_bytes(KvDType t, int D, bool v) {
   switch (t) {
+    case KvDType::F32: return size_t(D) * 4;
     case KvDType::F16: return size_t(D) * 2;
     case KvDType::NVFP4: return size_t(D) / 2 + D / 16;
     case KvDType::NVFP4R: return size_t(D) / 2 + D / 16 + 2;
@@ -129,7 +130,9 @@ void prefill_case(int nh, int n_kv, int M, int p0, bool fresh, double bound) {
     for (int h = 0; h < nh; ++h)
       ref_row(L, &q[(size_t(m) * nh + h) * D], h, G, pos[m] + 1, fresh ? p0 : 1 << 30, &ref[(size_t(m) * nh + h) * D]);
   char name[160];
-  std::snprintf(name, sizeof name, "prefill %s%s%s M=%d p0=%d h=%d/%d D=%d", F == kc::KvFormat::F16 ? "f16" : "nvfp4",
+  const char* fn = F == kc::KvFormat::F32 ? "f32" : F == kc::KvFormat::F16 ? "f16" : F == kc::KvFormat::NVFP4 ? "nvfp4"
+                   : F == kc::KvFormat::NVFP4R ? "nvfp4r" : "k8v4";
+  std::snprintf(name, sizeof name, "prefill %s%s%s M=%d p0=%d h=%d/%d D=%d", fn,
                 fresh ? " fresh" : "", QS ? "" : " q16", M, p0, nh, n_kv, D);
   report(name, rel_err(out, ref), bound);
 }
@@ -188,6 +191,12 @@ int main() {
   prefill_case<KvFormat::F16, 64, true>(9, 3, 15, 0, true, 3e-3);
   prefill_case<KvFormat::NVFP4, 64, true>(5, 1, 9, 3, true, 3e-3);
   prefill_case<KvFormat::F16, 64, true>(2, 2, 64, 40, false, 2e-3);  // G 1: warp 0 skips the second tile
+  // f32 rows rounded to f16, the row-scaled formats (2-byte aligned rows)
+  prefill_case<KvFormat::F32, 128, true>(8, 2, 24, 100, false, 3e-3);
+  prefill_case<KvFormat::NVFP4R, 128, true>(8, 2, 24, 100, true, 3e-3);
+  prefill_case<KvFormat::NVFP4R, 64, true>(9, 3, 15, 70, false, 3e-3);
+  prefill_case<KvFormat::K8V4, 128, true>(8, 2, 24, 100, false, 3e-3);
+  prefill_case<KvFormat::K8V4, 64, true>(9, 3, 15, 70, true, 3e-3);
   // decode: a partial chunk, several splits with a partial last one, G 4 / 3, D 128 / 64
   decode_case<KvFormat::F16, 128, 4, 1>(2, 300, 300, 2e-3);
   decode_case<KvFormat::NVFP4, 128, 4, 1>(2, 300, 300, 2e-3);

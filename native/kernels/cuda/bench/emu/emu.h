@@ -17,6 +17,8 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -162,8 +164,14 @@ inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 #define __syncthreads() emu::tl_block->all.arrive_and_wait()
 #define __forceinline__ inline
 
+// A vector load from an address its type does not align faults on the GPU (misaligned
+// address, a sticky error): the emulation stops there too.
 template <class T>
 inline T __ldg(const T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) {
+    std::fprintf(stderr, "FAIL misaligned __ldg: %zu-byte load at %p\n", sizeof(T), static_cast<const void*>(p));
+    std::abort();
+  }
   return *p;
 }
 template <class T>
