@@ -310,14 +310,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = cuda::KvFormat(int(pool.dtype()));  // f32, f16, nvfp4, nvfp4r, k8v4
       float* ws = workspace(cuda::attn_workspace_floats(nh, pool_ctx, D));
-      int* done = attn_fused_ ? attn_done(nkv) : nullptr;
       if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
-        return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv, done),
+        return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
                      "attention_decode");
       if (fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
-      check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_, nullptr, nullptr, nullptr, nullptr,
-                                   done),
-            "attention_decode");
+      check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_), "attention_decode");
       return;
     }
     if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
@@ -426,28 +423,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                       : env_str("KVDECK_CUDA_ATTN_PREFILL") == "mma16" ? 2
                                                                       : 1;
   bool attn_decode_split_ = env_str("KVDECK_CUDA_ATTN_DECODE") != "paged";
-  // KVDECK_CUDA_ATTN_FUSED=1: the decode split kernels merge their splits themselves (their
-  // last block per KV head; no combine kernel), counting in attn_done_ (zeroed once, left zero).
-  bool attn_fused_ = env_str("KVDECK_CUDA_ATTN_FUSED") == "1";
-  int* attn_done(int n_kv) {
-    if (n_kv > attn_done_n_) {
-      no_capture("attention counters");
-      check(cudaStreamSynchronize(st_), "stream");
-      void* p = nullptr;
-      check(cudaMalloc(&p, sizeof(int) * size_t(n_kv)), "cudaMalloc");
-      check(cudaMemset(p, 0, sizeof(int) * size_t(n_kv)), "cudaMemset");
-      attn_done_.reset(p);
-      attn_done_n_ = n_kv;
-    }
-    return static_cast<int*>(attn_done_.get());
-  }
   Rope unroped_k_;  // the k rope_kv_write wrote to the pool but left unrotated in its buffer
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }
   };
   std::unique_ptr<void, CudaFree> sample_ws_;  // device: Backend::sample's sort and sums
-  std::unique_ptr<void, CudaFree> attn_done_;  // device: int [attn_done_n_] (attn_done)
-  int attn_done_n_ = 0;
   size_t sample_bytes_ = 0;
 };
 

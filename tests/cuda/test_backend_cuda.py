@@ -256,36 +256,6 @@ def test_attention_kernels_match_cpu_and_paged_reference(cpu, gpu, gpu_paged, kv
         np.testing.assert_array_equal(got, old)
 
 
-# KVDECK_CUDA_ATTN_FUSED=1 (opt-in): the decode split kernels merge the splits in their last block
-# per KV head (attention_fused.cuh) instead of the combine kernel.
-FUSED_ENV = {"KVDECK_CUDA_ATTN_FUSED": "1"}
-
-
-@pytest.fixture(scope="module")
-def gpu_fused():
-    return _with_env(FUSED_ENV, lambda: _native.BackendOps("cuda", 0))
-
-
-@pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4", "nvfp4r", "k8v4"])
-@pytest.mark.parametrize("fresh", [False, True])
-@pytest.mark.parametrize("p0", [0, 900, 5000])
-def test_fused_split_combine_matches_combine_kernel(gpu, gpu_fused, kv, fresh, p0):
-    """The same partials merged in the split kernel (the last block of each KV head; with the
-    fresh token, and with it alone at p0 0) as by the combine kernel, to f32 rounding; a second
-    call gives the same bytes (the counters were left zero)."""
-    if fresh and kv == "f32":
-        pytest.skip("f32 pools hold the fresh rows exactly: attention_fresh reads the pages")
-    nkv, G, D = 2, 4, 128
-    q = RNG.standard_normal((1, nkv * G * D)).astype(np.float32)
-    k = RNG.standard_normal((p0 + 1, nkv, D)).astype(np.float32)
-    v = RNG.standard_normal((p0 + 1, nkv, D)).astype(np.float32)
-    op = "attention_fresh" if fresh else "attention"
-    want = getattr(gpu, op)(q, k, v, p0, kv)
-    got = getattr(gpu_fused, op)(q, k, v, p0, kv)
-    assert _rel(got, want) < 1e-5
-    np.testing.assert_array_equal(getattr(gpu_fused, op)(q, k, v, p0, kv), got)
-
-
 def test_argmax_first_maximum(gpu):
     x = RNG.standard_normal(49152).astype(np.float32)
     assert gpu.argmax(x) == int(np.argmax(x))
@@ -356,17 +326,6 @@ def test_model_logits_match_cpu_with_paged_attention(models, kv):
 
     t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=3)  # the models fixture's tensors
     eng = _with_env(PAGED_ENV, lambda: gpu_model.build("smollm2-135m", "nvfp4", kv, "cuda", tensors=t, head="w8a8"))
-    _check_model_against_cpu(models, "nvfp4", kv, eng)
-
-
-@pytest.mark.parametrize("kv", ["f16", "nvfp4"])
-def test_model_logits_match_cpu_with_fused_combine(models, kv):
-    """The same bound with KVDECK_CUDA_ATTN_FUSED=1: the decode steps (CUDA graphs, replayed)
-    merge the attention splits in the split kernels."""
-    from app.bench import gpu_model
-
-    t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", seed=3)  # the models fixture's tensors
-    eng = _with_env(FUSED_ENV, lambda: gpu_model.build("smollm2-135m", "nvfp4", kv, "cuda", tensors=t, head="w8a8"))
     _check_model_against_cpu(models, "nvfp4", kv, eng)
 
 

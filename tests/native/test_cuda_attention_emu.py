@@ -56,12 +56,12 @@ def test_every_emulated_check_passes(emu_run):
     fails = [ln for ln in emu_run.splitlines() if ln.startswith("FAIL")]
     assert not fails and emu_run.rstrip().endswith("rc=0"), emu_run[-3000:]
     m = re.search(r"^PASS: (\d+) of (\d+) checks passed", emu_run, re.M)
-    assert m and m.group(1) == m.group(2) == "20", emu_run[-2000:]
+    assert m and m.group(1) == m.group(2) == "18", emu_run[-2000:]
 
 
 @pytest.mark.parametrize("what", ["prefill f16 M", "prefill f16 q16", "prefill nvfp4 fresh", "prefill nvfp4 M",
                                   "prefill f16 fresh", "prefill f32 M", "prefill nvfp4r fresh", "prefill nvfp4r M",
                                   "prefill k8v4 M", "prefill k8v4 fresh", "decode nvfp4 ctx", "decode nvfp4r",
-                                  "decode k8v4", "decode nvfp4 fused", "decode k8v4 fused"])
+                                  "decode k8v4"])
 def test_each_kernel_variant_was_checked(emu_run, what):
     assert any(ln.startswith("PASS " + what) for ln in emu_run.splitlines()), emu_run[-2000:]

@@ -14,7 +14,6 @@
 // arithmetic in f32. A second kernel merges the splits' partials (attention_combine.cu).
 #include <cstdint>
 
-#include "attention_fused.cuh"
 #include "attention_impl.cuh"
 #include "common.cuh"
 #include "kernels_cuda.h"
@@ -84,8 +83,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, 3)
 attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                   const int32_t* __restrict__ pages, int block, int n_kv,
                   const float* __restrict__ q, const int32_t* __restrict__ ctx_dev, int split,
-                  int n_splits, int n_pt, float scale_log2, float* __restrict__ ws, int* done, float* out,
-                  AttnFresh fr) {
+                  int n_splits, int n_pt, float scale_log2, float* __restrict__ ws) {
   constexpr int U = kUnroll<F>, LPT = D / kE, TPW = 32 / LPT, CHUNK = U * TPW;
   constexpr size_t kRow = size_t(D) * (F == KvFormat::F32 ? 4 : 2);
   const int g = blockIdx.x, sp = blockIdx.y;
@@ -104,10 +102,7 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 #pragma unroll
     for (int e = 0; e < kE; ++e) qf[h][e] = q[size_t(g * G + h) * D + sub * kE + e] * scale_log2;
   const int ctx = *ctx_dev;
-  if (t_begin >= ctx) {  // not a live split (the combine reads only live ones)
-    if (done && ctx == 0 && sp == 0) attn_fused_combine<G, D>(ws, done, g, n_splits, 0, fr, out);  // fresh only
-    return;
-  }
+  if (t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
   const int t_end = min(ctx, t_begin + split);
   const int w_end = min(t_end, w_begin + per_warp);
 
@@ -228,7 +223,6 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
     dst[d] = acc;
     if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
   }
-  if (done) attn_fused_combine<G, D>(ws, done, g, n_splits, (ctx + split - 1) / split, fr, out);
 }
 
 // =====================================================================================
@@ -237,15 +231,14 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 
 template <KvFormat F, int D>
 cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx,
-                         int split, int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st, int* done,
-                         float* out, const AttnFresh& fr) {
+                         int split, int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
   const dim3 threads(kAttnWarps * 32);
 #define KVDECK_ATTN_CASE(GG)                                                               \
   case GG:                                                                                 \
     return launch_kernel(attn_split_kernel<F, D, GG>, grid, threads, st, /*pdl=*/true, k, v, kv.pages, \
-                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws, done, out, fr);
+                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_ATTN_CASE(1)
     KVDECK_ATTN_CASE(2)
@@ -264,24 +257,24 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
 cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                         const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                        const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr, int* done = nullptr) {
+                        const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
   const int n_pt = (max_ctx + kv.block - 1) / kv.block;
   const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;  // log2(e)
-  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   cudaError_t err;
-#define KVDECK_SPLIT_ARGS kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream, done, out, f
   if (kv.format == KvFormat::F16)
-    err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(KVDECK_SPLIT_ARGS) : launch_split<KvFormat::F16, 64>(KVDECK_SPLIT_ARGS);
+    err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else if (kv.format == KvFormat::F32)
-    err = kv.D == 128 ? launch_split<KvFormat::F32, 128>(KVDECK_SPLIT_ARGS) : launch_split<KvFormat::F32, 64>(KVDECK_SPLIT_ARGS);
+    err = kv.D == 128 ? launch_split<KvFormat::F32, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F32, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
-#undef KVDECK_SPLIT_ARGS
-  if (err != cudaSuccess || done) return err;  // done: the last block of each KV head merged the splits
+  if (err != cudaSuccess) return err;
+  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
 }
 
@@ -290,24 +283,22 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k, const float* fresh_v,
-                             const int32_t* rope_pos, const float* rope_inv, int* done) {
+                             const int32_t* rope_pos, const float* rope_inv) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): the 4-bit formats run fastest on the tensor cores
   // (attention_mma.cu; NVFP4 on this SIMT kernel took 57.6 µs at 32K against 33.0), f16 and
   // f32 pages (memory-bound) on the f32 SIMT kernel here
   if (kv.format == KvFormat::NVFP4 || kv.format == KvFormat::NVFP4R || kv.format == KvFormat::K8V4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
-                                        fresh_v, rope_pos, rope_inv, done);
+                                        fresh_v, rope_pos, rope_inv);
   return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
-                     rope_inv, done);
+                     rope_inv);
 }
 
 namespace detail {
 cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                                  int* done) {
-  return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, nullptr, nullptr, nullptr,
-                     nullptr, done);
+                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
+  return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream);
 }
 }  // namespace detail
 

@@ -19,7 +19,6 @@
 // The S accumulators are the P operand of the second product without any shuffle.
 #include <cstdint>
 
-#include "attention_fused.cuh"
 #include "attention_impl.cuh"
 #include "attention_mma_rows.cuh"
 #include "common.cuh"
@@ -44,7 +43,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)
 attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                 const int32_t* __restrict__ pages, int block, int n_kv, const float* __restrict__ q,
                 const int32_t* __restrict__ ctx_dev, int split, int n_splits, int n_pt, float scale_log2,
-                float* __restrict__ ws, int* done, float* out, AttnFresh fr) {
+                float* __restrict__ ws) {
   using R = KvRegs<F, D>;
   constexpr int KS = D / 16;  // k slices of S; also m tiles of O^T
   static_assert(F != KvFormat::F16 && F != KvFormat::F32, "the 4-bit formats");
@@ -73,10 +72,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
       qhi[j][hlf] = h2bits(__floats2half2_rn(a, b));
     }
   const int ctx = *ctx_dev;
-  if (t_begin >= ctx) {  // not a live split
-    if (done && ctx == 0 && sp == 0) attn_fused_combine<G, D>(ws, done, g_kv, n_splits, 0, fr, out);  // fresh only
-    return;
-  }
+  if (t_begin >= ctx) return;
   const int t_end = min(ctx, t_begin + split);
   const int w_end = min(t_end, w_begin + per_warp);
 
@@ -227,7 +223,6 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
     dst[d] = acc * (1.0f / kPv);
     if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
   }
-  if (done) attn_fused_combine<G, D>(ws, done, g_kv, n_splits, (ctx + split - 1) / split, fr, out);
 }
 
 // =====================================================================================
@@ -236,14 +231,13 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 
 template <KvFormat F, int D>
 cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx, int split,
-                       int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st, int* done, float* out,
-                       const AttnFresh& fr) {
+                       int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
 #define KVDECK_MMA_CASE(GG)                                                                          \
   case GG:                                                                                           \
     return launch_kernel(attn_mma_kernel<F, D, GG>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
-                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws, done, out, fr);
+                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_MMA_CASE(1)
     KVDECK_MMA_CASE(2)
@@ -266,26 +260,27 @@ namespace detail {
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
-                                 const float* rope_inv, int* done) {
+                                 const float* rope_inv) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
   const int n_pt = (max_ctx + kv.block - 1) / kv.block;
   const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;
-  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   cudaError_t err;
-#define KVDECK_MMA_ARGS kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream, done, out, f
   if (kv.format == KvFormat::NVFP4)
-    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(KVDECK_MMA_ARGS) : launch_mma<KvFormat::NVFP4, 64>(KVDECK_MMA_ARGS);
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else if (kv.format == KvFormat::NVFP4R)
-    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(KVDECK_MMA_ARGS) : launch_mma<KvFormat::NVFP4R, 64>(KVDECK_MMA_ARGS);
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4R, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else if (kv.format == KvFormat::K8V4)
-    err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(KVDECK_MMA_ARGS) : launch_mma<KvFormat::K8V4, 64>(KVDECK_MMA_ARGS);
+    err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::K8V4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
-#undef KVDECK_MMA_ARGS
-  if (err != cudaSuccess || done) return err;  // done: the last block of each KV head merged the splits
+  if (err != cudaSuccess) return err;
+  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
 }
 

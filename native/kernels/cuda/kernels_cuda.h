@@ -254,19 +254,15 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 //   (ctx - 1, i.e. pos[0]; it may be 0) and the fresh token is the ctx-th, merged by the
 //   combine kernel with its score in f32. rope_pos / rope_inv (optional): fresh_k is not yet
 //   rotated (rope_kv_write leaves k as it was): rotate-half at rope_pos[0] with inv_freq rope_inv.
-//   done (optional, device int [n_kv], zero before the first call and left zero by each): the
-//   split kernel's last block of each KV head merges the splits (attention_fused.cuh) instead of
-//   a second kernel; one call at a time per array.
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                             const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr, int* done = nullptr);
+                             const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 
 namespace detail {
 // attention_decode's f32 SIMT kernel (f16 / f32 pages; what attention_decode runs for them).
 cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                                  int* done = nullptr);
+                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
 // attention_decode on the tensor cores (mma.sync m16n8k16, sm_80+) for NVFP4 / NVFP4R / K8V4
 // pages (what attention_decode runs for them; others: invalid): S = Q K^T with Q rounded to f16
 // (K is exact in f16), O^T += V^T P^T with P rounded to f16, f32 accumulation. Same arguments,
@@ -274,8 +270,7 @@ cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                                 const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
-                                 int* done = nullptr);
+                                 const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 }  // namespace detail
 
 // =====================================================================================

@@ -30,7 +30,7 @@ for step in "$@"; do
   case $step in
     tests)
       timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_backend_cuda.py \
-        -k "attention or fused or model_logits or cache_hit or graph_replay or kv_write or greedy" \
+        -k "attention or model_logits or cache_hit or graph_replay or kv_write or greedy" \
         2>&1 | tee "$out/pytest.log" | grep -E "passed|failed|FAIL|Error|error|cuda vs cpu|cache hit" | tail -60 ;;
     bench)
       timeout 240 build/gpu_bench --attn --reps 15 --json "$out/attn.json" 2>&1 | tee "$out/gpu_bench_attn.log" \
@@ -41,7 +41,7 @@ for step in "$@"; do
     kcheck)  # the kernel checks as tests (gpu_bench --quick, already built)
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/cuda/test_kernels_cuda.py 2>&1 | tail -5 ;;
     model)  # whole-model A/B: prefill 512 tok/s and decode µs/token, default kernels vs paged
-      timeout 240 python3 native/kernels/cuda/bench/attn_model_ab.py ${ATTN_AB:---prefill --decode --big} 2>&1 \
+      timeout 240 python3 native/kernels/cuda/bench/attn_model_ab.py --prefill --decode --big 2>&1 \
         | grep -v Warning | tee "$out/model_ab.log" ;;
   esac
 done

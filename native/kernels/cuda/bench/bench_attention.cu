@@ -137,22 +137,7 @@ void run_case(Options& o, const AttnCase& c) {
   const bool simt = c.fmt == kc::KvFormat::F16 || c.fmt == kc::KvFormat::F32;  // the SIMT kernel's formats
   std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, simt ? 1e-4 : 1e-3}};
   if (!simt) vars.push_back({std::string("attn_") + fname + "_mma", mma, 1e-3});
-  const Fn simt_fn = [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws,
-                        float* out, cudaStream_t st) {
-    return kc::detail::attention_decode_simt(kv, q, nh, cx, mc, sc, ws, out, st);
-  };
-  if (simt) vars.push_back({std::string("attn_") + fname + "_simt", simt_fn, 1e-4});
-  // _fused: the default with the combine in the split kernel's last block (attention_decode's done)
-  static int* g_done = nullptr;
-  if (!g_done) {
-    g_done = dalloc<int>(256);
-    CK(cudaMemset(g_done, 0, 256 * sizeof(int)));
-  }
-  const Fn fused = [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws,
-                      float* out, cudaStream_t st) {
-    return kc::attention_decode(kv, q, nh, cx, mc, sc, ws, out, st, nullptr, nullptr, nullptr, nullptr, g_done);
-  };
-  vars.push_back({std::string("attn_") + fname + "_fused", fused, simt ? 1e-4 : 1e-3});
+  if (simt) vars.push_back({std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4});
   for (const Variant& var : vars) {
     if (c.profile) break;
     CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison

@@ -182,13 +182,6 @@ template <class T>
 inline T __shfl_sync(unsigned, T v, int src) {
   return emu::shfl(v, src);
 }
-inline int atomicAdd(int* p, int v) {
-  std::lock_guard<std::mutex> g(emu::g_atomic);
-  const int o = *p;
-  *p = o + v;
-  return o;
-}
-inline void __threadfence() {}  // the atomics' mutex orders the blocks' writes
 inline int atomicMax(int* p, int v) {
   std::lock_guard<std::mutex> g(emu::g_atomic);
   const int o = *p;
