@@ -274,11 +274,12 @@ def test_attention_kernels_match_cpu_and_paged_reference(cpu, gpu, gpu_paged, kv
     want = getattr(cpu, op)(q, k, v, p0, kv)
     got = getattr(gpu, op)(q, k, v, p0, kv)
     old = getattr(gpu_paged, op)(q, k, v, p0, kv)
-    tol = dict(KV_TOL)[kv]
+    # nvfp4 decode: the CPU's int8 q error grows with the scores (K rows up to 3x here): 1.2e-2 measured
+    tol = 2e-2 if kv == "nvfp4" and M == 1 else dict(KV_TOL)[kv]
     assert np.isfinite(got).all()
     assert _rel(old, want) < tol
     assert _rel(got, want) < _tol(kv, tol, M)
-    if M > 8 or (M == 1 and kv in ("f32", "nvfp4r", "k8v4")):
+    if M > 8 or (M == 1 and p0 > 0 and kv in ("f32", "nvfp4r", "k8v4")):  # one token: v itself on both
         assert _rel(got, old) < _tol(kv, tol, M)
         assert not np.array_equal(got, old)
     else:
@@ -319,16 +320,17 @@ def models():
     return get
 
 
-def _run(eng, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Prefill logits [n, V], then `steps` greedy decode steps' logits (tokens from the logits)."""
+def _run(eng, prompt: np.ndarray, steps: int, toks: list[int] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Prefill logits [n, V], then `steps` greedy decode steps' logits (tokens from the logits,
+    or the given toks: the same inputs as another engine's run, so a near tie cannot fork them)."""
     s = eng.open_sequence(0)
     try:
         pre = eng.forward(s, prompt, True, None)
-        outs, tok = [], int(pre[-1].argmax())
-        for _ in range(steps):
+        outs, tok = [], int(pre[-1].argmax()) if toks is None else toks[0]
+        for i in range(steps):
             lg = eng.forward(s, np.array([tok], np.int32), False, None)
             outs.append(lg)
-            tok = int(lg.argmax())
+            tok = int(lg.argmax()) if toks is None else toks[min(i + 1, len(toks) - 1)]
         return pre, outs
     finally:
         eng.close_sequence(s)
@@ -362,12 +364,13 @@ def _check_model_against_cpu(models, weights: str, kv: str, gpu_eng) -> None:
     cpu = models(weights, kv, "cpu")
     isa = _native.kernels.kernel_isa()
     pre_c, dec_c = _run(cpu, prompt, 6)
+    toks = [int(pre_c[-1].argmax())] + [int(x.argmax()) for x in dec_c]  # every engine decodes these
     _native.kernels.set_kernel_isa("scalar")
     try:
-        pre_s, dec_s = _run(cpu, prompt, 6)
+        pre_s, dec_s = _run(cpu, prompt, 6, toks)
     finally:
         _native.kernels.set_kernel_isa(isa)
-    pre_g, dec_g = _run(gpu_eng, prompt, 6)
+    pre_g, dec_g = _run(gpu_eng, prompt, 6, toks)
     rows = np.abs(pre_g - pre_c).max(1) / np.abs(pre_c).max()
     err = max([_rel(pre_g, pre_c)] + [_rel(g, c) for g, c in zip(dec_g, dec_c)])
     ref = max([_rel(pre_s, pre_c)] + [_rel(g, c) for g, c in zip(dec_s, dec_c)])

@@ -1,14 +1,16 @@
 // attention_mma.cu — paged decode attention on the tensor cores (mma.sync m16n8k16, f16 in,
 // f32 accumulate; sm_80+, so Orin and Hopper). Same grid, splits, workspace and combine as
-// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma). Every pool format
-// but f32: f16, NVFP4, and NVFP4R / K8V4 (K int8 as exact f16; the f16 row scales applied to
-// the scores (K) and to P before its f16 rounding (V, times 256, undone in the epilogue)).
+// attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma). The 4-bit formats:
+// NVFP4, and NVFP4R / K8V4 (K int8 as exact f16; the f16 row scales applied to the scores (K)
+// and to P before its f16 rounding (V, times 256, undone in the epilogue)). f16 pages ran
+// slower here than on attention.cu's SIMT kernel in every measurement (H200, 32K: 50.7 µs
+// against 47.8, session 6), and two chunks per softmax step slower than one (41.8 against
+// 32.9 for NVFP4): both were deleted.
 //
 // Per warp and chunk of 16 tokens:
 //   S  = Q K^T   two m16n8 tiles (rows: the G query heads, padded to 16; columns: 8 tokens),
-//                k = D in D/16 slices. Q is rounded to f16 (kQSplit would add its f16 residual
-//                in a second MMA per slice, f32-level scores, at 16 more registers); K is
-//                exact in f16 (f16 pages, or NVFP4 e2m1 x e4m3 products, exact in f16).
+//                k = D in D/16 slices. Q is rounded to f16; K is exact in f16 (NVFP4 e2m1 x
+//                e4m3 products, int8).
 //   O^T += V^T P^T  D/16 m16n8 tiles (rows: D, columns: the heads, padded to 8), k = 16 tokens;
 //                P is rounded to f16 (relative 2^-11), O accumulates in f32.
 // The D index is permuted consistently inside each product (Q with K, V^T with O^T) so that
@@ -34,23 +36,19 @@ namespace {
 // Split kernel on the tensor cores
 // =====================================================================================
 
-// PAIR: chunks of 16 tokens per softmax step (2: the S of 32 tokens before one max / rescale,
-// twice the independent work per warp, at 3 blocks per SM).
-template <KvFormat F, int D, int G, int PAIR>
-#ifndef KVDECK_ATTN_MMA_MINB
-#define KVDECK_ATTN_MMA_MINB 4
-#endif
-__global__ void __launch_bounds__(kAttnWarps * 32, PAIR == 1 && F == KvFormat::NVFP4 ? KVDECK_ATTN_MMA_MINB : 3)  // 16 / 12 warps per SM
+constexpr int PAIR = 1;  // chunks of 16 tokens per softmax step (2 measured slower: deleted)
+
+template <KvFormat F, int D, int G>
+__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
 attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                 const int32_t* __restrict__ pages, int block, int n_kv, const float* __restrict__ q,
                 const int32_t* __restrict__ ctx_dev, int split, int n_splits, int n_pt, float scale_log2,
                 float* __restrict__ ws) {
   using R = KvRegs<F, D>;
   constexpr int KS = D / 16;  // k slices of S; also m tiles of O^T
-  constexpr bool kPrefetch = F != KvFormat::F16;
+  static_assert(F != KvFormat::F16 && F != KvFormat::F32, "the 4-bit formats");
   constexpr bool kRS = Fmt<F>::kRowScale;
   constexpr float kPv = kRS ? 256.0f : 1.0f;  // P x V row scale x 256 keeps small products normal in f16
-  constexpr bool kQSplit = false;  // Q as f16 hi + lo (f32-level scores) costs 16 registers
   const int g_kv = blockIdx.x, sp = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
   const int per_warp = split / kAttnWarps;
@@ -60,8 +58,8 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
 
-  // Q as the A operand (rows = heads; lane row gid), split into hi + lo f16 parts
-  uint32_t qhi[KS][2], qlo[KS][2];
+  // Q as the A operand (rows = heads; lane row gid), rounded to f16
+  uint32_t qhi[KS][2];
 #pragma unroll
   for (int j = 0; j < KS; ++j)
 #pragma unroll
@@ -71,10 +69,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
         const float* qr = q + size_t(g_kv * G + gid) * D + tig * (D / 4) + 4 * j + 2 * hlf;
         a = qr[0] * scale_log2, b = qr[1] * scale_log2;
       }
-      const __half2 hi = __floats2half2_rn(a, b);
-      const float2 hf = __half22float2(hi);
-      qhi[j][hlf] = h2bits(hi);
-      qlo[j][hlf] = h2bits(__floats2half2_rn(a - hf.x, b - hf.y));
+      qhi[j][hlf] = h2bits(__floats2half2_rn(a, b));
     }
   const int ctx = *ctx_dev;
   if (t_begin >= ctx) return;
@@ -96,7 +91,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   };
   if (w_begin < w_end) load_step(w_begin, cur);
   for (int t0 = w_begin; t0 < w_end; t0 += STEP) {
-    if (kPrefetch && t0 + STEP < w_end) load_step(t0 + STEP, nxt);
+    if (t0 + STEP < w_end) load_step(t0 + STEP, nxt);
     // ---- S = Q K^T for tokens t0 + 16 c + [0, 8) and + [8, 16) ------------------------------
     // two accumulator chains per tile (even / odd slices) halve the dependent MMA latency
     float s[PAIR][2][4];
@@ -118,23 +113,13 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
             mma16816(acc, qhi[wi][0], 0u, qhi[wi][1], 0u, kh[0], kh[1]);
             continue;
           }
-          uint32_t kh[F == KvFormat::F16 ? 1 : 4];
-          to_half2<F>(&cur[c].k[tile][wi], 1, F == KvFormat::F16 ? 0u : (cur[c].ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
-          if constexpr (F == KvFormat::F16) {
-            if (wi % 2 == 1) {
-              const int j = wi / 2;
-              float (&acc)[4] = j % 2 ? s2[tile] : s[c][tile];
-              mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, cur[c].k[tile][wi - 1], kh[0]);
-              if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, cur[c].k[tile][wi - 1], kh[0]);
-            }
-          } else {
+          uint32_t kh[4];
+          to_half2<F>(&cur[c].k[tile][wi], 1, (cur[c].ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
 #pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              const int j = 2 * wi + jj;
-              float (&acc)[4] = jj ? s2[tile] : s[c][tile];
-              mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
-              if (kQSplit) mma16816(acc, qlo[j][0], 0u, qlo[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
-            }
+          for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * wi + jj;
+            float (&acc)[4] = jj ? s2[tile] : s[c][tile];
+            mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
           }
         }
 #pragma unroll
@@ -191,7 +176,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
                                       : __floats2half2_rn(p[c][1][0], p[c][1][1]));  // tokens 2t+8, 2t+9
 #pragma unroll
       for (int wi = 0; wi < R::VW; ++wi) {  // rows 2t, 2t+1, 2t+8, 2t+9: one word each
-        constexpr int NH = F == KvFormat::F16 ? 1 : 4;
+        constexpr int NH = 4;
         uint32_t vh[4][NH];
 #pragma unroll
         for (int r = 0; r < 4; ++r) to_half2<F>(&cur[c].v[r][wi], 1, cur[c].vs[r], vh[r]);
@@ -203,12 +188,8 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
         }
       }
     }
-    if constexpr (kPrefetch) {
 #pragma unroll
-      for (int c = 0; c < PAIR; ++c) cur[c] = nxt[c];
-    } else if (t0 + STEP < w_end) {
-      load_step(t0 + STEP, cur);
-    }
+    for (int c = 0; c < PAIR; ++c) cur[c] = nxt[c];
   }
   pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -248,14 +229,14 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 // Launchers
 // =====================================================================================
 
-template <KvFormat F, int D, int PAIR = 1>
+template <KvFormat F, int D>
 cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx, int split,
                        int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
 #define KVDECK_MMA_CASE(GG)                                                                          \
   case GG:                                                                                           \
-    return launch_kernel(attn_mma_kernel<F, D, GG, PAIR>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
+    return launch_kernel(attn_mma_kernel<F, D, GG>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
                          kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_MMA_CASE(1)
@@ -274,12 +255,12 @@ cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, cons
 
 }  // namespace
 
-namespace {
+namespace detail {
 
-template <int PAIR>
-cudaError_t decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev, int max_ctx,
-                       float scale, float* workspace, float* out, cudaStream_t stream, const float* fresh_k,
-                       const float* fresh_v, const int32_t* rope_pos, const float* rope_inv) {
+cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
+                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
+                                 const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
+                                 const float* rope_inv) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
@@ -287,16 +268,13 @@ cudaError_t decode_mma(const PagedKv& kv, const float* q, int n_heads, const int
   const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;
   cudaError_t err;
-  if (kv.format == KvFormat::F16 && PAIR == 1)
-    err = kv.D == 128 ? launch_mma<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_mma<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
-  else if (kv.format == KvFormat::NVFP4)
-    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128, PAIR>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_mma<KvFormat::NVFP4, 64, PAIR>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
-  else if (kv.format == KvFormat::NVFP4R && PAIR == 1)
+  if (kv.format == KvFormat::NVFP4)
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_mma<KvFormat::NVFP4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+  else if (kv.format == KvFormat::NVFP4R)
     err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
                       : launch_mma<KvFormat::NVFP4R, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
-  else if (kv.format == KvFormat::K8V4 && PAIR == 1)
+  else if (kv.format == KvFormat::K8V4)
     err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
                       : launch_mma<KvFormat::K8V4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
@@ -304,24 +282,6 @@ cudaError_t decode_mma(const PagedKv& kv, const float* q, int n_heads, const int
   if (err != cudaSuccess) return err;
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
-}
-
-}  // namespace
-
-namespace detail {
-
-cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                 int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                                 const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
-                                 const float* rope_inv) {
-  return decode_mma<1>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
-                       rope_inv);
-}
-
-cudaError_t attention_decode_mma_pair(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                      int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream) {
-  return decode_mma<2>(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, nullptr, nullptr, nullptr,
-                       nullptr);
 }
 
 }  // namespace detail

@@ -38,12 +38,12 @@ struct Fmt {
   __host__ __device__ static constexpr int align() { return kF16 ? 16 : kRowScale ? 2 : D == 128 ? 8 : 4; }
 };
 
-// Raw bytes of the lane's K segment (D/4 values: f16 pairs, E2M1 codes or int8) and V rows.
+// Raw bytes of the lane's K segment (D/4 values: E2M1 codes or int8) and V rows (4-bit formats).
 template <KvFormat F, int D>
 struct KvRegs {
   using T = Fmt<F>;
-  static constexpr int KW = T::kF16 ? D / 8 : T::kK8 ? D / 16 : D / 32;  // u32 per K segment (D/4 values)
-  static constexpr int VW = T::kF16 ? D / 16 : D / 64;                  // u32 per V slice (D/8 values)
+  static constexpr int KW = T::kK8 ? D / 16 : D / 32;  // u32 per K segment (D/4 values)
+  static constexpr int VW = D / 64;                     // u32 per V slice (D/8 values)
   uint32_t k[2][KW], ks[2];   // tiles 0, 1: token g and g + 8; ks: block scale bytes (4-bit K)
   uint32_t v[4][VW], vs[4];   // rows 2t, 2t+1, 2t+8, 2t+9
   uint32_t rk[2], rv[2];      // row scales (f16 pairs) of the K / V rows {2t, 2t+1}, {2t+8, 2t+9}
@@ -90,10 +90,7 @@ __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, c
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile) {
     const uint8_t* p = kb + row(gid + 8 * tile) * KR;
-    if constexpr (T::kF16) {
-      load_words<16>(p + tig * (D / 4) * 2, r.k[tile], R::KW);
-      r.ks[tile] = 0;
-    } else if constexpr (T::kK8) {
+    if constexpr (T::kK8) {
       load_words<2>(p + tig * (D / 4), r.k[tile], R::KW);
       r.ks[tile] = 0;
     } else {
@@ -106,13 +103,8 @@ __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, c
   for (int i = 0; i < 4; ++i) {
     const size_t ri = row(rows[i]);
     const uint8_t* p = vb + ri * VR;
-    if constexpr (T::kF16) {
-      load_words<16>(p + gid * (D / 8) * 2, r.v[i], R::VW);
-      r.vs[i] = 0;
-    } else {
-      load_words<A>(p + gid * (D / 16), r.v[i], R::VW);
-      r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
-    }
+    load_words<A>(p + gid * (D / 16), r.v[i], R::VW);
+    r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
     if constexpr (T::kRowScale) {
       const uint32_t sv = ld_u16(p + D / 2 + D / 16);
       const uint32_t sk = ld_u16(kb + ri * KR + (T::kK8 ? D : D / 2 + D / 16));
@@ -130,20 +122,15 @@ __device__ __forceinline__ void i8x4_to_half2x2(uint32_t w, uint32_t h[2]) {
   h[1] = h2bits(__hsub2(bits2h(prmt(t, 0x64646464u, 0x4342u)), off));
 }
 
-// A lane's values as half2 (n2 of them): f16 words as they are; NVFP4 codes decoded, times the
-// scale of each 16-value block (exact).
+// A lane's NVFP4 codes (nw words) as half2, times the scale of each 16-value block (exact).
 template <KvFormat F>
 __device__ __forceinline__ void to_half2(const uint32_t* w, int nw, uint32_t scales, uint32_t* h) {
-  if constexpr (F == KvFormat::F16) {
-    for (int i = 0; i < nw; ++i) h[i] = w[i];
-  } else {
-    for (int i = 0; i < nw; ++i) {
-      uint32_t q[4];
-      e2m1x8_to_half2x4(w[i], q);
-      const __half2 s = e4m3_h2((scales >> (8 * (i / 2))) & 0xFFu);  // words 2b, 2b+1: block b
+  for (int i = 0; i < nw; ++i) {
+    uint32_t q[4];
+    e2m1x8_to_half2x4(w[i], q);
+    const __half2 s = e4m3_h2((scales >> (8 * (i / 2))) & 0xFFu);  // words 2b, 2b+1: block b
 #pragma unroll
-      for (int j = 0; j < 4; ++j) h[4 * i + j] = h2bits(__hmul2(bits2h(q[j]), s));
-    }
+    for (int j = 0; j < 4; ++j) h[4 * i + j] = h2bits(__hmul2(bits2h(q[j]), s));
   }
 }
 

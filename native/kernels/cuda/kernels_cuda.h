@@ -246,17 +246,14 @@ namespace detail {
 // attention_decode's f32 SIMT kernel (f16 / f32 pages; what attention_decode runs for them).
 cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                   int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
-// attention_decode on the tensor cores (mma.sync m16n8k16, sm_80+): S = Q K^T with Q rounded
-// to f16 (K is exact in f16), O^T += V^T P^T with P rounded to f16, f32 accumulation. Same
-// arguments, workspace and results (to ~5e-4 relative).
+// attention_decode on the tensor cores (mma.sync m16n8k16, sm_80+) for NVFP4 / NVFP4R / K8V4
+// pages (what attention_decode runs for them; others: invalid): S = Q K^T with Q rounded to f16
+// (K is exact in f16), O^T += V^T P^T with P rounded to f16, f32 accumulation. Same arguments,
+// workspace and results (to ~5e-4 relative).
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                                  const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
-// attention_decode_mma for NVFP4 pages with two 16-token chunks per softmax step (the measured
-// alternative, gpu_bench attn_nvfp4_pair). Same arguments and results; f16 pages: invalid.
-cudaError_t attention_decode_mma_pair(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                      int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
 }  // namespace detail
 
 // =====================================================================================

@@ -113,7 +113,7 @@ void run_case(Options& o, const AttnCase& c) {
     return kv;
   };
 
-  // the default path, the tensor-core path (4-bit formats and f16), the SIMT path (f16, f32)
+  // the default path and, explicitly, the kernel it runs: tensor cores (4-bit formats) or SIMT (f16, f32)
   using Fn = cudaError_t (*)(const kc::PagedKv&, const float*, int, const int32_t*, int, float, float*,
                              float*, cudaStream_t);
   struct Variant {
@@ -127,7 +127,6 @@ void run_case(Options& o, const AttnCase& c) {
     std::printf("PROFILE attn_%s ctx=%d: one launch\n", fname, c.ctx);
   }
   // attn_<fmt>: the default (attention_decode); _simt / _mma: each kernel explicitly
-  const bool nv = c.fmt == kc::KvFormat::NVFP4;
   // (the launchers' trailing fresh_k / fresh_v default to none: wrapped to one signature)
   const Fn dflt = [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws,
                      float* out, cudaStream_t st) { return kc::attention_decode(kv, q, nh, cx, mc, sc, ws, out, st); };
@@ -137,9 +136,8 @@ void run_case(Options& o, const AttnCase& c) {
   };
   const bool simt = c.fmt == kc::KvFormat::F16 || c.fmt == kc::KvFormat::F32;  // the SIMT kernel's formats
   std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, simt ? 1e-4 : 1e-3}};
-  if (c.fmt != kc::KvFormat::F32) vars.push_back({std::string("attn_") + fname + "_mma", mma, 1e-3});
-  if (c.fmt == kc::KvFormat::F16) vars.push_back({"attn_f16_simt", kc::detail::attention_decode_simt, 1e-4});
-  if (nv) vars.push_back({"attn_nvfp4_pair", kc::detail::attention_decode_mma_pair, 1e-3});
+  if (!simt) vars.push_back({std::string("attn_") + fname + "_mma", mma, 1e-3});
+  if (simt) vars.push_back({std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4});
   for (const Variant& var : vars) {
     if (c.profile) break;
     CK(cudaMemset(dout, 0xFF, q.size() * 4));  // poison

@@ -162,8 +162,7 @@ def report(res: dict, tt: dict) -> dict:
     print(f"\n{'attention':<16}{'ctx':<10}{'':>2} {'us':>8} {'GB/s':>7} {'copy':>6} {'/f16':>6} {'Orin us':>8}")
     for ctx in (4096, 16384, 32768):
         f16 = recs.get(("attn_f16", f"ctx={ctx}"))
-        for kern in ("attn_f16", "attn_f32", "attn_nvfp4", "attn_f16_simt", "attn_f16_mma",
-                     "attn_nvfp4_mma", "attn_nvfp4_pair", "attn_nvfp4r", "attn_k8v4"):
+        for kern in ("attn_f16", "attn_f32", "attn_nvfp4", "attn_nvfp4r", "attn_k8v4"):
             r = recs.get((kern, f"ctx={ctx}"))
             if not r:
                 continue

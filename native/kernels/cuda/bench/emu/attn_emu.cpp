@@ -1,8 +1,8 @@
 // attn_emu.cpp — the tensor-core attention kernels' own source (attention_prefill.cu,
 // attention_mma.cu) run on the CPU through emu.h, against a float64 softmax over the rows as the
-// CPU codecs decode them (kv_codec_cpu.cpp): prefill (f16 / NVFP4 pages, with and without the
-// chunk's own rows unrounded, q hi + lo and q f16) and the decode split kernel (f16, NVFP4,
-// NVFP4R, K8V4; NVFP4 also two chunks per step), with tails in rows, tokens and splits.
+// CPU codecs decode them (kv_codec_cpu.cpp): prefill (f16 / NVFP4 / f32 / NVFP4R / K8V4 pages,
+// with and without the chunk's own rows unrounded, q hi + lo and q f16) and the decode split
+// kernel (NVFP4, NVFP4R, K8V4), with tails in rows, tokens and splits.
 // Prints one PASS / FAIL line per check; exit status 0 only if all pass. Built and run by
 // tests/native/test_cuda_attention_emu.py (g++ -std=c++20, the CUDA headers, no GPU).
 #define KVDECK_CUDA_EMU 1
@@ -139,9 +139,9 @@ void prefill_case(int nh, int n_kv, int M, int p0, bool fresh, double bound) {
 
 // ---- decode (split kernel + the combine's formula) ---------------------------------------------
 
-template <kc::KvFormat F, int D, int G, int PAIR>
+template <kc::KvFormat F, int D, int G>
 void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
-  std::mt19937 rng(5 + ctx * 3 + D + static_cast<int>(F) * 11 + G + PAIR);
+  std::mt19937 rng(5 + ctx * 3 + D + static_cast<int>(F) * 11 + G + 1);
   const int nh = n_kv * G;
   Layer L(KvDType(static_cast<int>(F)), ctx, n_kv, D, max_ctx, rng);
   std::vector<float> q(size_t(nh) * D);
@@ -153,7 +153,7 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
   const int32_t ctx_dev = ctx;
   const float sl2 = float(1.0 / std::sqrt(double(D))) * 1.4426950408889634f;
   emu::launch(dim3(unsigned(n_kv), unsigned(n_splits)), 128, [&] {
-    kc::attn_mma_kernel<F, D, G, PAIR>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
+    kc::attn_mma_kernel<F, D, G>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
                                        n_splits, n_pt, sl2, ws.data());
   });
   std::vector<float> out(q.size());
@@ -174,7 +174,7 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
   for (int h = 0; h < nh; ++h) ref_row(L, &q[size_t(h) * D], h, G, ctx, 1 << 30, &ref[size_t(h) * D]);
   static const char* names[] = {"f32", "f16", "nvfp4", "nvfp4r", "k8v4"};
   char name[160];
-  std::snprintf(name, sizeof name, "decode %s%s ctx=%d/%d h=%d/%d D=%d", names[static_cast<int>(F)], PAIR == 2 ? " pair" : "", ctx,
+  std::snprintf(name, sizeof name, "decode %s ctx=%d/%d h=%d/%d D=%d", names[static_cast<int>(F)], ctx,
                 max_ctx, nh, n_kv, D);
   report(name, rel_err(out, ref), bound);
 }
@@ -198,14 +198,12 @@ int main() {
   prefill_case<KvFormat::K8V4, 128, true>(8, 2, 24, 100, false, 3e-3);
   prefill_case<KvFormat::K8V4, 64, true>(9, 3, 15, 70, true, 3e-3);
   // decode: a partial chunk, several splits with a partial last one, G 4 / 3, D 128 / 64
-  decode_case<KvFormat::F16, 128, 4, 1>(2, 300, 300, 2e-3);
-  decode_case<KvFormat::NVFP4, 128, 4, 1>(2, 300, 300, 2e-3);
-  decode_case<KvFormat::NVFP4, 128, 4, 2>(2, 300, 300, 2e-3);
-  decode_case<KvFormat::NVFP4, 64, 3, 2>(3, 200, 700, 2e-3);
-  decode_case<KvFormat::NVFP4R, 128, 4, 1>(2, 300, 300, 2e-3);
-  decode_case<KvFormat::NVFP4R, 64, 3, 1>(3, 130, 500, 2e-3);
-  decode_case<KvFormat::K8V4, 128, 4, 1>(2, 300, 300, 2e-3);
-  decode_case<KvFormat::K8V4, 64, 3, 1>(3, 17, 17, 2e-3);
+  decode_case<KvFormat::NVFP4, 128, 4>(2, 300, 300, 2e-3);
+  decode_case<KvFormat::NVFP4, 64, 3>(3, 200, 700, 2e-3);
+  decode_case<KvFormat::NVFP4R, 128, 4>(2, 300, 300, 2e-3);
+  decode_case<KvFormat::NVFP4R, 64, 3>(3, 130, 500, 2e-3);
+  decode_case<KvFormat::K8V4, 128, 4>(2, 300, 300, 2e-3);
+  decode_case<KvFormat::K8V4, 64, 3>(3, 17, 17, 2e-3);
   std::printf("%s: %d of %d checks passed\n", g_fail ? "FAIL" : "PASS", g_checks - g_fail, g_checks);
   return g_fail ? 1 : 0;
 }
