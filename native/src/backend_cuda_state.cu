@@ -28,12 +28,8 @@ CudaState::CudaState() {
   cudaDeviceProp p{};
   check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
   sms_ = p.multiProcessorCount;
-  cuda::reload_switches();  // KVDECK_CUDA_L2PF / _EARLY as set now (A/B per engine)
   check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
-  check(cudaMalloc(&counter_, cuda::kGemvEpiCounters * sizeof(int32_t)), "cudaMalloc");
-  check(cudaMemset(counter_, 0, cuda::kGemvEpiCounters * sizeof(int32_t)), "cudaMemset");
-  check(cudaMalloc(&part_, cuda::kGemvEpiCounters * sizeof(float)), "cudaMalloc");
   void* h = nullptr;
   if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
 }
@@ -48,8 +44,6 @@ CudaState::~CudaState() {
   cudaStreamSynchronize(st_);
   if (ws_) cudaFree(ws_);
   cudaFree(ctx_);
-  cudaFree(counter_);
-  cudaFree(part_);
   if (stage_) cudaFreeHost(stage_);
   cudaStreamDestroy(st_);
 }
@@ -57,14 +51,7 @@ CudaState::~CudaState() {
 // =====================================================================================
 // Deferred ops and the workspace
 // =====================================================================================
-void CudaState::launch_gemv(const cuda::GemvEpilogue* epi) {
-  const Gemv g = p_mv_;
-  p_mv_ = {};
-  check(cuda::gemv_many_m1(g.fmt, g.w, g.n, g.group, g.Kp, g.xq, g.xd, g.xs, st_, pdl_, epi), "matmul (batch 1)");
-}
-
 void CudaState::flush() {
-  if (p_mv_.n) launch_gemv(nullptr);
   if (p_add_.n) {
     const Add a = p_add_;
     p_add_ = {};
@@ -183,7 +170,7 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_mv_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

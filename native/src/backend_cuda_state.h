@@ -59,20 +59,7 @@ class CudaState {
     const int32_t* pos = nullptr;
     const float* inv = nullptr;
   };
-  // A batch-1 NVFP4 / W4A8 GEMV (gemv_many_m1) held so that the op consuming its outputs
-  // runs as its epilogue (kernels_cuda.h GemvEpilogue): o / down + add + rmsnorm + quantise,
-  // gate/up + silu + quantise, q/k/v + rope + KV write. Always the oldest pending op.
-  struct Gemv {
-    int n = 0;  // weights; 0: none pending
-    int fmt = 0, group = 0, Kp = 0;
-    cuda::GemvWeight w[4] = {};
-    const int8_t* xq = nullptr;
-    const float* xd = nullptr;
-    const int32_t* xs = nullptr;
-  };
   void flush();  // launches every pending op on its own, in order
-  void launch_gemv(const cuda::GemvEpilogue* epi);  // the pending GEMV (with epi), then none
-  bool gemv_only() const { return p_mv_.n && !p_add_.n && !p_norm_.M && !p_silu_.M && p_rope_.empty(); }
 
   // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
   float* workspace(size_t floats);
@@ -93,8 +80,6 @@ class CudaState {
   bool pdl_ = env_on("KVDECK_CUDA_PDL", true);
   bool graphs_on_ = env_on("KVDECK_CUDA_GRAPH", true);
   bool mma_ = env_on("KVDECK_CUDA_MMA", true);  // prefill GEMM on the tensor cores
-  // GEMV epilogues (Gemv above): opt-in, measured slower on the H200 (kernels/cuda/NOTES.md)
-  bool fuse_ = env_on("KVDECK_CUDA_FUSE", false);
   bool graph_info_ = env_on("KVDECK_CUDA_GRAPH_INFO", false);  // print each captured graph's nodes
   // The decode step's context bound from its key (backend.h step_begin; 0: none, the pool's
   // capacity): the attention grids of a short context are sized for it, one graph per bucket.
@@ -107,15 +92,12 @@ class CudaState {
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;
   int32_t* ctx_ = nullptr;   // device: the decode step's context length
-  int32_t* counter_ = nullptr;  // device: the GEMV epilogues' segment counters (0 between launches)
-  float* part_ = nullptr;       // device: their per-segment sums
   float* ws_ = nullptr;      // device: split-attention partials
   size_t ws_floats_ = 0;
   static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
   const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
-  Gemv p_mv_;
   Add p_add_;
   Norm p_norm_;
   Silu p_silu_;

@@ -71,14 +71,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a)
   gemv_warp<F, M, R, U, PF>(a, (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R);
 }
 
-// The kernel-level A/B switches (kernels_cuda.h reload_switches): read at the first launch
-// and whenever a backend is created, so each engine of one process can run either way.
-bool g_read = false, g_u4 = false;
-
-void read_switches() {
-  if (!g_read) reload_switches();
-}
-
 // =====================================================================================
 // Dispatch: (M, R, U) configurations
 // =====================================================================================
@@ -90,11 +82,11 @@ cudaError_t launch(GemvArgs a, cudaStream_t st, bool pdl = false) {
   return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3(blocks), dim3(kGemvWarps * 32), st, pdl, a);
 }
 
-// The batch-1 configuration: R = 1, U = 2, pipelined; U = 4 unpipelined for rows over 64 chunks
-// with KVDECK_CUDA_GEMV_U4=1 (use_u4, opt-in).
+// The batch-1 configuration: R = 1, U = 2, pipelined (measured in the engine's 8B step against
+// U = 1 where that fits one wave, which allocates the same 48 registers, and U = 4 unpipelined,
+// +2%: NOTES.md, session 6).
 template <Fmt F>
 cudaError_t launch_m1(const GemvArgs& a, cudaStream_t st, bool pdl) {
-  if (use_u4(a.Kp)) return launch<F, 1, 1, 4, false>(a, st, pdl);
   return launch<F, 1, 1, 2, true>(a, st, pdl);
 }
 
@@ -123,23 +115,7 @@ bool shape_ok(int N, int Kp, int M, int ldy) {
 // Launchers
 // =====================================================================================
 
-void reload_switches() {
-  auto on = [](const char* name, bool dflt) {
-    const char* e = std::getenv(name);
-    return e && *e ? e[0] != '0' : dflt;
-  };
-  g_u4 = on("KVDECK_CUDA_GEMV_U4", false);
-  g_read = true;
-}
-
 namespace detail {
-namespace gemv {
-bool gemv_u4() {
-  read_switches();
-  return g_u4;
-}
-}  // namespace gemv
-
 bool pdl_supported() {
   static int v = -1;  // per process: the device current at the first call
   if (v < 0) {

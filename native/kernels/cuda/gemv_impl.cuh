@@ -164,9 +164,6 @@ __device__ __forceinline__ float dot(const Decoded<F>& w, const Act<F>& x, float
 // The GEMV warp and its launch configuration (gemv.cu, gemv_many.cu)
 // =====================================================================================
 
-// kernels_cuda.h reload_switches' value (gemv.cu): KVDECK_CUDA_GEMV_U4.
-bool gemv_u4();
-
 // The body of one warp: rows n0 .. n0 + R - 1 of a (gemv_kernel; gemv_many_kernel per weight).
 template <Fmt F, int M, int R, int U, bool PF>
 __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
@@ -222,13 +219,5 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
       if (lane == r * M + m && n0 + r < a.N) a.y[size_t(m) * a.ldy + n0 + r] = v * scale;
     }
 }
-
-// Batch 1, KVDECK_CUDA_GEMV_U4=1 (opt-in for A/B): rows over 64 chunks (Kp > 2,048: the 8B's
-// q/k/v, o, gate/up, down and head) at four chunks a lane loaded together, no software pipeline:
-// a resident warp has twice the bytes of U = 2 in flight before the PDL wait (a whole row at
-// K = 4,096), so more of the weights stream while the previous kernel drains; in the loop the
-// same four chunks in flight as U = 2 pipelined. 48 registers either way (ptxas, sm_90), so the
-// same blocks per SM. Same sums in the same order: bit-identical.
-inline bool use_u4(int Kp) { return gemv_u4() && Kp > 64 * 32; }
 
 }  // namespace kvdeck::cuda::detail::gemv
