@@ -12,9 +12,8 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
     per token over the device copy bandwidth measured in the same run).
   * The seed-000 task (app/bench/gpu_seed.py): TTFT per call with the prefix cache on and off,
     on the CUDA and the CPU backend (--no-seed skips it).
-  * Decode A/B of the switches (both models): without the context-bucket graphs
-    (KVDECK_CUDA_CTX_BUCKETS=0), and for the 8B with four chunks a lane in flight in the GEMVs of
-    long rows (KVDECK_CUDA_GEMV_U4=1, opt-in).
+  * Decode A/B (both models): without the context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0); SmolLM2
+    also with the q8 and silu + q8 kernels before its o / down GEMVs (KVDECK_CUDA_F32ACT=0).
   * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
     batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu); the 8B model also with
     KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma instead of the default f16 mma),
@@ -192,13 +191,10 @@ def smollm2(reps: int, out: dict) -> None:
     eager = decode_us(eng, 64, 64, reps)
     del eng
     print(f"  smollm2 f16 KV without CUDA graphs: decode {eager:7.1f} µs/token @64", flush=True)
-    os.environ["KVDECK_CUDA_FUSE"] = "1"  # A/B: the GEMV epilogues (opt-in; 120 fewer kernels a step)
-    eng = gpu_model.build("smollm2-135m", "nvfp4", "f16", "cuda", tensors=t, max_context=4096)
-    os.environ.pop("KVDECK_CUDA_FUSE")
-    fused = decode_us(eng, 64, 64, reps)
-    del eng
-    print(f"  smollm2 f16 KV with the GEMV epilogues (KVDECK_CUDA_FUSE=1): decode {fused:7.1f} µs/token @64",
-          flush=True)
+    f32act = ab_decode_us({"KVDECK_CUDA_F32ACT": "0"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
+                          dict(tensors=t, max_context=4096), 64, reps)
+    print(f"  smollm2 f16 KV with the q8 and silu+q8 kernels before o / down (KVDECK_CUDA_F32ACT=0): decode "
+          f"{f32act:7.1f} µs/token @64", flush=True)
     buckets = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "0"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
                            dict(tensors=t, max_context=4096), 64, reps)
     print(f"  smollm2 f16 KV without context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0): decode {buckets:7.1f} "
@@ -211,7 +207,7 @@ def smollm2(reps: int, out: dict) -> None:
     cpu_pf = prefill_tps(cpu, 512, 1)
     print(f"  smollm2 on the CPU backend ({cpu.threads} threads): decode {cpu_us:7.1f} µs/token @64, "
           f"prefill {cpu_pf:6.0f} tok/s", flush=True)
-    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_fused_f16": fused,
+    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_no_f32act_f16": f32act,
                       "decode_us_64_no_buckets_f16": buckets, "prefill_tps_512_gemv_chunks": gemv_pf,
                       "cpu_decode_us_64": cpu_us,
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}
@@ -235,15 +231,9 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
     r["prefill_tps_512"], r["prefill_tps_512_nvfp4_i8"] = ab["new"], ab["i8"]
     r["prefill_vs_llama_cpp"] = r["prefill_tps_512"] / LLAMA_CPP_PP512_8B
     del eng
-    os.environ["KVDECK_CUDA_FUSE"] = "1"  # A/B: the GEMV epilogues (opt-in)
-    eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", max_context=8192,
-                          embed="f16")
-    os.environ.pop("KVDECK_CUDA_FUSE")
-    r["decode_us_16_fused"] = decode_us(eng, 16, 32, reps)
-    del eng
     kw8 = dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")
-    for key, env in (("no_buckets", {"KVDECK_CUDA_CTX_BUCKETS": "0"}), ("gemv_u4", {"KVDECK_CUDA_GEMV_U4": "1"})):
-        r[f"decode_us_16_{key}"] = ab_decode_us(env, ("llama3-8b", "nvfp4", "nvfp4", "cuda"), kw8, 16, reps, steps=32)
+    r["decode_us_16_no_buckets"] = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "0"}, ("llama3-8b", "nvfp4", "nvfp4", "cuda"),
+                                                kw8, 16, reps, steps=32)
     r["prefill_tps_512_gemv_chunks"] = prefill_gemv_chunks("llama3-8b", 1, tensors=t, head="nvfp4",
                                                            max_context=8192, embed="f16")
     del t
@@ -252,11 +242,8 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
         frac = f", {r[f'roofline_fraction_{ctx}']:.2f} of roofline ({r[f'roofline_us_{ctx}']:.0f} µs)" if gbs else ""
         print(f"  llama3-8b nvfp4, nvfp4 KV: decode {r[f'decode_us_{ctx}']:8.1f} µs/token "
               f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
-    print(f"  llama3-8b decode with the GEMV epilogues (KVDECK_CUDA_FUSE=1): {r['decode_us_16_fused']:8.1f} "
-          f"µs/token @16", flush=True)
     print(f"  llama3-8b decode without context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0): "
-          f"{r['decode_us_16_no_buckets']:8.1f}; four chunks a lane in the GEMVs (KVDECK_CUDA_GEMV_U4=1): "
-          f"{r['decode_us_16_gemv_u4']:8.1f} µs/token @16", flush=True)
+          f"{r['decode_us_16_no_buckets']:8.1f} µs/token @16", flush=True)
     print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512) = {r['prefill_vs_llama_cpp']:.2f}x llama.cpp "
           f"({LLAMA_CPP_PP512_8B} pp512, fa on); NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8, "
           f"interleaved) {r['prefill_tps_512_nvfp4_i8']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "

@@ -7,14 +7,12 @@
 // op that consumes them, and decode steps (M = 1) run as a CUDA graph (positions, KV slots and
 // the page table are read from device memory, so one graph serves every step); the state and
 // its mechanics are in backend_cuda_state.h / .cu.
-// KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs without
-// programmatic dependent launch; KVDECK_CUDA_FUSE=1 runs the ops consuming a batch-1 GEMV as
-// its epilogue (fewer kernels, slower on the H200: see NOTES.md); KVDECK_CUDA_MMA=0 runs prefill
-// matmuls as batch-8 GEMV chunks instead of the tensor-core GEMM; KVDECK_CUDA_GEMM_NVFP4=i8
-// (NVFP4 on the int8 mma instead of the f16 mma) is read by gemm_mma.cu at every launch;
-// the kernels' own switches: kernels_cuda.h reload_switches; KVDECK_CUDA_CTX_BUCKETS=0 records one
-// decode step per kind instead of one per context bucket of its key with the attention grids
-// sized for the bucket (the default; backend_cuda_state.h; all for A/B measurements).
+// A/B switches: KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs
+// without programmatic dependent launch; KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV
+// chunks instead of the tensor-core GEMM; KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma
+// instead of the f16 mma) is read by gemm_mma.cu at every launch; KVDECK_CUDA_CTX_BUCKETS=0
+// records one decode step per kind instead of one per context bucket of its key with the
+// attention grids sized for the bucket (backend_cuda_state.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -97,7 +95,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   void rmsnorm(const float* x, const float* w, int M, int n, float eps, float* y) override {
     const float* add = nullptr;  // a pending x += add folds into the norm
     if (p_add_.n && p_add_.x == x && p_add_.n == size_t(M) * n) add = p_add_.y, p_add_ = {};
-    if (!(add && gemv_only())) flush();  // o / down GEMV + add + norm: one chain, still pending
+    flush();
     p_norm_ = {const_cast<float*>(x), add, w, M, n, eps, y};
   }
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
@@ -107,31 +105,18 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (p_norm_.M && p_norm_.h == x && p_norm_.M == M && p_norm_.n == K) {
       const Norm n = p_norm_;
       p_norm_ = {};
-      if (p_mv_.n == 1 && n.y && n.y == p_mv_.w[0].y && M == 1 && K <= cuda::kGemvEpiNormMax) {
-        cuda::GemvEpilogue e;  // GEMV + add + norm + quantise
-        e.kind = cuda::GemvEpilogue::kAddNormQ8, e.counter = counter_, e.part = part_;
-        e.x = n.x, e.w = n.w, e.eps = n.eps, e.h = n.h, e.n = K, e.Kp = Kp, e.q = q.act.q, e.d = q.act.d, e.s = q.act.s;
-        launch_gemv(&e);
-      } else {
-        flush();
-        check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
-      }
+      flush();
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
     } else if (p_silu_.M && p_silu_.y == x && p_silu_.M == M && p_silu_.n == K) {
       const Silu u = p_silu_;
       p_silu_ = {};
-      const bool apart = q.act.q + Kp <= p_mv_.xq || p_mv_.xq + p_mv_.Kp <= q.act.q;  // out q8 vs GEMV's input
-      if (fuse_ && p_mv_.n == 2 && u.a == p_mv_.w[0].y && u.b == p_mv_.w[1].y && M == 1 && apart) {  // + silu + q8
-        cuda::GemvEpilogue e;
-        e.kind = cuda::GemvEpilogue::kSiluQ8, e.counter = counter_;
-        e.h = u.y, e.n = K, e.Kp = Kp, e.q = q.act.q, e.d = q.act.d, e.s = q.act.s;
-        launch_gemv(&e);
-      } else {
-        flush();
+      flush();
+      if (!hold_q8(u.a, u.b, u.y, M, K, Kp, q))  // held: the down GEMV quantises from f32 (q8_gemv)
         check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
-      }
     } else {
       flush();
-      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+      if (!hold_q8(x, nullptr, nullptr, M, K, Kp, q))  // held: the o GEMV quantises from f32 (q8_gemv)
+        check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
     }
     q.valid = true;
   }
@@ -139,13 +124,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
   // over row chunks of 8, each chunk re-reading the weights.
   void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
+    if (M == 1 && q8_gemv(w, xq, y, ldy)) return;  // the held quantize_input inside the GEMV
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;
-    if (M == 1 && defer_ok(w)) {
-      const MatmulOut o{&w, y, ldy};
-      return defer_gemv(&o, 1, xq);
-    }
     if (M > 8 && mma_ && is_integer(w.dtype)) {
       const int fmt = w.dtype == DType::NVFP4 ? 0 : w.dtype == DType::W4A8 ? 1 : 2;
       cudaError_t e = cuda::gemm_q8_mma(fmt, static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.group, w.N,
@@ -203,7 +185,13 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       one = w.dtype == w0.dtype && w.Kp == w0.Kp && w.group == w0.group && !w.mins;
     }
     if (!one) return Backend::matmul_many(outs, n, x, xq, M);
-    defer_gemv(outs, n, xq);
+    cuda::GemvWeight g[4];
+    for (int i = 0; i < n; ++i)
+      g[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N,
+              outs[i].y};
+    check(cuda::gemv_many_m1(w0.dtype == DType::NVFP4 ? 0 : 1, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, xq.act.s,
+                             st_, pdl_),
+          "matmul (batch 1)");
   }
   void add_bias(float* x, const float* b, int M, int n, int ld) override {
     flush();
@@ -235,17 +223,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (ki >= 0 && (qi >= 0 || p_rope_.size() == 1)) {
       const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
       p_rope_.clear();
-      if (fuse_ && M == 1 && qi >= 0 && p_mv_.n == 3 && !p_add_.n && !p_norm_.M && !p_silu_.M && p_mv_.w[0].y == qr.x &&
-          p_mv_.w[1].y == k && p_mv_.w[2].y == v && qr.ld == qr.nh * D && ld == pool.n_kv() * D) {
-        cuda::GemvEpilogue e;  // q/k/v GEMV + rope + KV write (+ ctx)
-        e.kind = cuda::GemvEpilogue::kRopeKv, e.counter = counter_;
-        e.nh = qr.nh, e.nkv = pool.n_kv(), e.D = D, e.kv_format = int(pool.dtype()), e.pos = kr.pos, e.inv_freq = kr.inv;
-        e.k_pages = pool.k(layer), e.v_pages = pool.v(layer), e.slots = slots, e.ctx = ctx_;
-        launch_gemv(&e);
-        ctx_fresh_ = kr.pos;
-        unroped_k_ = kr;  // as rope_kv_write, the epilogue leaves k unrotated in its buffer
-        return;
-      }
       flush();
       check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
                                 pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
@@ -319,11 +296,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     check(e, "attention");
   }
   void silu_mul(const float* a, const float* b, int M, int n, float* y) override {
-    if (!(gemv_only() && p_mv_.n == 2 && p_mv_.w[0].y == a && p_mv_.w[1].y == b && M == 1)) flush();
+    flush();
     p_silu_ = {a, b, M, n, y};
   }
   void add(float* x, const float* y, size_t n) override {
-    if (!(gemv_only() && p_mv_.n == 1 && p_mv_.w[0].y == y && size_t(p_mv_.w[0].N) == n)) flush();
+    flush();
     if (n) p_add_ = {x, y, n};
   }
   void argmax(const float* x, int n, int32_t* out) override {
@@ -368,24 +345,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
     check(e, "matmul_many (tensor cores)");
     return true;
-  }
-
-  // ---- batch-1 GEMVs held for an epilogue (backend_cuda_state.h Gemv) ----
-  bool defer_ok(const WeightView& w) const {
-    return fuse_ && (w.dtype == DType::NVFP4 || w.dtype == DType::W4A8) && !w.mins && w.Kp % kQ8Block == 0 &&
-           (w.dtype == DType::NVFP4 || (w.group >= 32 && w.group % 32 == 0 && w.Kp % w.group == 0));
-  }
-  void defer_gemv(const MatmulOut* outs, int n, const QuantScratch& xq) {
-    flush();
-    const WeightView& w0 = *outs[0].w;
-    Gemv g;
-    g.n = n, g.fmt = w0.dtype == DType::NVFP4 ? 0 : 1, g.group = w0.group, g.Kp = w0.Kp;
-    for (int i = 0; i < n; ++i)
-      g.w[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N,
-                outs[i].y};
-    g.xq = xq.act.q, g.xd = xq.act.d, g.xs = xq.act.s;
-    p_mv_ = g;
-    if (!fuse_) launch_gemv(nullptr);  // at once: nothing fuses with it
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------

@@ -59,20 +59,20 @@ class CudaState {
     const int32_t* pos = nullptr;
     const float* inv = nullptr;
   };
-  // A batch-1 NVFP4 / W4A8 GEMV (gemv_many_m1) held so that the op consuming its outputs
-  // runs as its epilogue (kernels_cuda.h GemvEpilogue): o / down + add + rmsnorm + quantise,
-  // gate/up + silu + quantise, q/k/v + rope + KV write. Always the oldest pending op.
-  struct Gemv {
-    int n = 0;  // weights; 0: none pending
-    int fmt = 0, group = 0, Kp = 0;
-    cuda::GemvWeight w[4] = {};
-    const int8_t* xq = nullptr;
-    const float* xd = nullptr;
-    const int32_t* xs = nullptr;
+  // A batch-1 quantize_input of a short row (K = Kp <= kGemvF32MaxK), of x or of silu(x) * x2
+  // (a pending silu_mul), held for the matmul reading its q8: that GEMV quantises from f32
+  // itself (gemv_m1_f32), one launch instead of two; any other consumer gets the kernel
+  // (flush). The o and down projections of a small model (f32act_, KVDECK_CUDA_F32ACT).
+  struct Q8 {
+    const float* x = nullptr;
+    const float* x2 = nullptr;  // silu(x) * x2 (silu_mul_q8), or null
+    float* act = nullptr;       // silu_mul's output row (written only by the kernel, on flush)
+    int K = 0;
+    int8_t* q = nullptr;
+    float* d = nullptr;
+    int32_t* s = nullptr;
   };
   void flush();  // launches every pending op on its own, in order
-  void launch_gemv(const cuda::GemvEpilogue* epi);  // the pending GEMV (with epi), then none
-  bool gemv_only() const { return p_mv_.n && !p_add_.n && !p_norm_.M && !p_silu_.M && p_rope_.empty(); }
 
   // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
   float* workspace(size_t floats);
@@ -93,8 +93,6 @@ class CudaState {
   bool pdl_ = env_on("KVDECK_CUDA_PDL", true);
   bool graphs_on_ = env_on("KVDECK_CUDA_GRAPH", true);
   bool mma_ = env_on("KVDECK_CUDA_MMA", true);  // prefill GEMM on the tensor cores
-  // GEMV epilogues (Gemv above): opt-in, measured slower on the H200 (kernels/cuda/NOTES.md)
-  bool fuse_ = env_on("KVDECK_CUDA_FUSE", false);
   bool graph_info_ = env_on("KVDECK_CUDA_GRAPH_INFO", false);  // print each captured graph's nodes
   // The decode step's context bound from its key (backend.h step_begin; 0: none, the pool's
   // capacity): the attention grids of a short context are sized for it, one graph per bucket.
@@ -102,20 +100,23 @@ class CudaState {
   // 567.3 -> 574.3, inside its spread; NOTES.md session 6); KVDECK_CUDA_CTX_BUCKETS=0: one graph
   // per kind of step, its grids sized for the pool.
   bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", true);
+  bool f32act_ = env_on("KVDECK_CUDA_F32ACT", true);  // Q8 above (KVDECK_CUDA_F32ACT=0: the two kernels)
+  // Q8 held when f32act_ and M = 1 and x (x2) allow gemv_m1_f32; q8_gemv runs it: false when w or
+  // xq is not what it covers (the caller's flush launches the quantisation kernel).
+  bool hold_q8(const float* x, const float* x2, float* act, int M, int K, int Kp, const QuantScratch& q);
+  bool q8_gemv(const WeightView& w, const QuantScratch& xq, float* y, int ldy);
   int step_ctx_ = 0;
   bool capturing_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;
   int32_t* ctx_ = nullptr;   // device: the decode step's context length
-  int32_t* counter_ = nullptr;  // device: the GEMV epilogues' segment counters (0 between launches)
-  float* part_ = nullptr;       // device: their per-segment sums
   float* ws_ = nullptr;      // device: split-attention partials
   size_t ws_floats_ = 0;
   static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
   const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
-  Gemv p_mv_;
+  Q8 p_q8_;
   Add p_add_;
   Norm p_norm_;
   Silu p_silu_;

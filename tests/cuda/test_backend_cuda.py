@@ -92,56 +92,6 @@ def test_prefill_gemm_equals_gemv_chunks(cpu, gpu, fmt, monkeypatch):
     assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, m)) < 1e-5
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "w4a8"])
-@pytest.mark.parametrize("N, K", [(1000, 4000), (300, 4096), (200, 14336), (64, 2080)])
-def test_gemv_u4_is_bit_identical(cpu, gpu, fmt, N, K, monkeypatch):
-    """KVDECK_CUDA_GEMV_U4=1 (a process-wide kernel switch, re-read whenever a backend is created;
-    gemv_impl.cuh use_u4): batch-1 rows over 64 chunks run at four chunks a lane loaded together
-    instead of two pipelined: 125 chunks (lanes past the row's end in the last step), 128 (the
-    8B's K, one step), 448 (its down projection, four steps) and 65 (one chunk past the limit).
-    The same sums in the same order, so the same bits, and the CPU's result."""
-    data, scales, tscale, _ = _weight(fmt, N, K)
-    x = RNG.standard_normal((1, K)).astype(np.float32)
-    want = gpu.matmul_q(fmt, data, scales, K, tscale, x, None)
-    monkeypatch.setenv("KVDECK_CUDA_GEMV_U4", "1")
-    try:
-        got = _native.BackendOps("cuda", 0).matmul_q(fmt, data, scales, K, tscale, x, None)
-    finally:
-        monkeypatch.delenv("KVDECK_CUDA_GEMV_U4")
-        _native.BackendOps("cuda", 0)  # the kernel switches back to their defaults
-    np.testing.assert_array_equal(got, want)
-    assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, None)) < 1e-5
-
-
-def test_gemv_u4_in_the_8b_step_is_bit_identical(monkeypatch):
-    """KVDECK_CUDA_GEMV_U4=1 in the engine: one Llama-3-8B-shaped layer (the grouped q/k/v and
-    gate/up launches, o, down and the head all take the four-chunk configuration), nvfp4 weights
-    and KV, a 16-token prompt then 3 greedy decode steps through
-    CUDA graphs: the logits of every step equal the default configuration's bit for bit."""
-    from app.bench import gpu_model
-
-    t = gpu_model.random_tensors("llama3-8b", "nvfp4", "nvfp4", layers=1, seed=3, embed="f16")
-    prompt = np.random.default_rng(3).integers(100, 30000, 16).astype(np.int32)
-    runs = []
-    for value in ("0", "1"):
-        monkeypatch.setenv("KVDECK_CUDA_GEMV_U4", value)  # read when the backend is created
-        eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", layers=1,
-                              max_context=1024, embed="f16")
-        s = eng.open_sequence(0)
-        tok, out = int(eng.forward(s, prompt, False, None).argmax()), []
-        for _ in range(3):
-            out.append(eng.forward(s, np.array([tok], np.int32), False, None))
-            tok = int(out[-1].argmax())
-        eng.close_sequence(s)
-        del eng
-        runs.append(out)
-    monkeypatch.delenv("KVDECK_CUDA_GEMV_U4")
-    _native.BackendOps("cuda", 0)  # the kernel switches back to their defaults
-    assert np.isfinite(runs[0][0]).all() and np.abs(runs[0][0]).max() > 0
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)
-
-
 @pytest.mark.parametrize("kv, tol", [("f16", 2e-3), ("nvfp4", 3e-3), ("f32", 2e-3)])
 def test_context_buckets_match_pool_sized_grids(kv, tol, monkeypatch):
     """Context-bucket graphs (the default; KVDECK_CUDA_CTX_BUCKETS=0 turns them off): a decode step
@@ -397,17 +347,33 @@ def test_cache_hit_equals_cold_prefill(models):
 
 
 def test_greedy_device_argmax_equals_cpu(models):
+    """Greedy decoding with the argmax on the device (forward_greedy), 16 steps teacher-forced with
+    the CPU engine's greedy tokens (so one near tie does not change every later step): each device
+    argmax equals the argmax of the same step's CUDA logits downloaded (exactly: the same graph's
+    logits), and the CPU's token wherever the CPU's top-1 leads its top-2 by more than the whole-
+    model bound of this random model (3e-2 of the largest logit; CUDA and the CPU differ there by
+    ~2e-2, as the CPU's own two kernel paths do), which most steps do."""
     prompt = RNG.integers(0, 49152, 12).astype(np.int32)
-    toks = {}
-    for dev in ("cpu", "cuda"):
-        eng = models("nvfp4", "f16", dev)
-        s = eng.open_sequence(0)
-        t = [eng.forward_greedy(s, prompt, None)]
-        for _ in range(15):
-            t.append(eng.forward_greedy(s, np.array([t[-1]], np.int32), None))
-        eng.close_sequence(s)
-        toks[dev] = t
-    assert toks["cuda"] == toks["cpu"]
+    cpu = models("nvfp4", "f16", "cpu")
+    s = cpu.open_sequence(0)
+    lc = [cpu.forward(s, prompt, False, None)]
+    for _ in range(15):
+        lc.append(cpu.forward(s, np.array([int(lc[-1].argmax())], np.int32), False, None))
+    cpu.close_sequence(s)
+    feed = [prompt] + [np.array([int(x.argmax())], np.int32) for x in lc[:-1]]
+    gpu = models("nvfp4", "f16", "cuda")
+    sg, sl = gpu.open_sequence(0), gpu.open_sequence(0)
+    dev = [gpu.forward_greedy(sg, f, None) for f in feed]
+    lg = [gpu.forward(sl, f, False, None) for f in feed]
+    gpu.close_sequence(sg), gpu.close_sequence(sl)
+    assert dev == [int(x.argmax()) for x in lg]
+    clear = 0
+    for d, c in zip(dev, lc):
+        top2 = np.sort(c)[-2:]
+        if top2[1] - top2[0] > 3e-2 * np.abs(c).max():
+            clear += 1
+            assert d == int(c.argmax())
+    assert clear >= 8, clear
 
 
 def test_graph_replay_equals_eager(models, monkeypatch):

@@ -1,6 +1,5 @@
-// fused_impl.cuh — device code shared by the fused decode-step kernels (fused.cu) and the
-// GEMV epilogues (gemv.cu, kernels_cuda.h GemvEpilogue): the q8 quantiser of 32 values held
-// one per lane or four per lane, and RoPE + KV-row encoding of one work item.
+// fused_impl.cuh — device code of the fused decode-step kernels (fused.cu): the q8 quantiser of
+// 32 values held one per lane or four per lane, and RoPE + KV-row encoding of one work item.
 #pragma once
 #include <cstdint>
 
@@ -167,80 +166,6 @@ __device__ __forceinline__ void kv_nvfp4_value(const RopeKvArgs& a, size_t j, bo
   uint8_t* row = (t ? a.vb : a.kb) + dst;
   if (d % 2 == 0) row[d / 2] = uint8_t(code | (other << 4));
   if (d % 16 == 0) row[D / 2 + d / 16] = sc;
-}
-
-}  // namespace kvdeck::cuda::detail
-
-namespace kvdeck::cuda::detail {
-
-// ---- segment epilogues of a batch-1 GEMV (kernels_cuda.h GemvEpilogue) ------------------
-// A segment is 32 outputs (one q8 block): the block that completes a segment's rows runs it
-// with its first warp (lane = output), so the work is spread over the launch's blocks and no
-// block walks the whole row. Values written by other blocks of the launch are read through L2.
-
-// act = silu(a) * b (silu_mul_q8_kernel's formula) and its q8 block, outputs 32 seg .. + 31.
-__device__ __forceinline__ void silu_q8_seg(const float* a, const float* b, int n, float* act, int8_t* q, float* d,
-                                            int32_t* s, int seg) {
-  const int i = 32 * seg + (threadIdx.x & 31);
-  float v = 0.0f;
-  if (i < n) {
-    const float g = __ldcg(a + i), u = __ldcg(b + i);
-    v = g / (1.0f + expf(-g)) * u;
-    act[i] = v;
-  }
-  quant_block(v, i < n, i, q, d, s, seg);
-}
-
-// x += y over the segment; part[seg] = its sum of squares (one warp sum: a fixed order).
-__device__ __forceinline__ void add_seg(float* x, const float* y, int n, float* part, int seg) {
-  const int i = 32 * seg + (threadIdx.x & 31);
-  float v = 0.0f;
-  if (i < n) {
-    v = __ldcg(x + i) + __ldcg(y + i);
-    x[i] = v;
-  }
-  v = warp_sum(v * v);
-  if ((threadIdx.x & 31) == 0) part[seg] = v;
-}
-
-// After every segment's add_seg: h = x / rms(x) * w and q8(h) over Kp, by one block of T
-// threads, every load issued before the first use (n <= 16 T). The sum of the segments'
-// parts runs in a fixed order (deterministic; another order than add_rmsnorm_q8's).
-template <int T>
-__device__ __forceinline__ void norm_q8_final(const float* x, const float* __restrict__ w, int n, float eps, float* h,
-                                              int Kp, int8_t* q, float* d, int32_t* s, const float* part) {
-  constexpr int P = 4;
-  float xv[P][4], wv[P][4];
-#pragma unroll
-  for (int p = 0; p < P; ++p)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = p * 4 * T + 4 * threadIdx.x + e;
-      xv[p][e] = i < n ? __ldcg(x + i) : 0.0f;
-      wv[p][e] = i < n ? w[i] : 0.0f;
-    }
-  __shared__ float tot_s;
-  if (threadIdx.x < 32) {
-    const int nseg = Kp / 32;
-    float t = 0.0f;
-    for (int k = threadIdx.x; k < nseg; k += 32) t += __ldcg(part + k);
-    t = warp_sum(t);
-    if (threadIdx.x == 0) tot_s = t;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(tot_s / float(n) + eps);
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int i = p * 4 * T + 4 * threadIdx.x;
-    if (p * 4 * T >= Kp) break;  // uniform
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = i + e < n ? xv[p][e] * inv * wv[p][e] : 0.0f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (i + e < n) h[i + e] = v[e];
-    quant_block4(v, i, Kp, q, d, s);
-  }
 }
 
 }  // namespace kvdeck::cuda::detail

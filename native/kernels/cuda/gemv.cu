@@ -71,12 +71,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a)
   gemv_warp<F, M, R, U, PF>(a, (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R);
 }
 
-// The kernel-level A/B switches (kernels_cuda.h reload_switches): read at the first launch
-// and whenever a backend is created, so each engine of one process can run either way.
-bool g_read = false, g_u4 = false;
-
-void read_switches() {
-  if (!g_read) reload_switches();
+// Batch 1 from f32 activations (gemv_m1_f32): each lane quantises the chunks it dots.
+template <Fmt F, int SRC>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const GemvArgs a) {
+  gemv_warp<F, 1, 1, 2, true, SRC>(a, blockIdx.x * kGemvWarps + threadIdx.x / 32);
 }
 
 // =====================================================================================
@@ -90,11 +88,11 @@ cudaError_t launch(GemvArgs a, cudaStream_t st, bool pdl = false) {
   return launch_kernel(gemv_kernel<F, M, R, U, PF>, dim3(blocks), dim3(kGemvWarps * 32), st, pdl, a);
 }
 
-// The batch-1 configuration: R = 1, U = 2, pipelined; U = 4 unpipelined for rows over 64 chunks
-// with KVDECK_CUDA_GEMV_U4=1 (use_u4, opt-in).
+// The batch-1 configuration: R = 1, U = 2, pipelined (measured in the engine's 8B step against
+// U = 1 where that fits one wave, which allocates the same 48 registers, and U = 4 unpipelined,
+// +2%: NOTES.md, session 6).
 template <Fmt F>
 cudaError_t launch_m1(const GemvArgs& a, cudaStream_t st, bool pdl) {
-  if (use_u4(a.Kp)) return launch<F, 1, 1, 4, false>(a, st, pdl);
   return launch<F, 1, 1, 2, true>(a, st, pdl);
 }
 
@@ -123,23 +121,7 @@ bool shape_ok(int N, int Kp, int M, int ldy) {
 // Launchers
 // =====================================================================================
 
-void reload_switches() {
-  auto on = [](const char* name, bool dflt) {
-    const char* e = std::getenv(name);
-    return e && *e ? e[0] != '0' : dflt;
-  };
-  g_u4 = on("KVDECK_CUDA_GEMV_U4", false);
-  g_read = true;
-}
-
 namespace detail {
-namespace gemv {
-bool gemv_u4() {
-  read_switches();
-  return g_u4;
-}
-}  // namespace gemv
-
 bool pdl_supported() {
   static int v = -1;  // per process: the device current at the first call
   if (v < 0) {
@@ -192,6 +174,21 @@ cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, i
     return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, 1.0f, group, N, Kp, xq, xd, xs, nullptr, y, ldy};
   return launch_default<Fmt::W4a8>(a, M, stream, pdl);
+}
+
+cudaError_t gemv_m1_f32(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int K,
+                        const float* x, const float* x2, float* y, cudaStream_t stream, bool pdl) {
+  const auto mis = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (!shape_ok(N, K, 1, N) || K > kGemvF32MaxK || !x || mis(x) || (x2 && mis(x2)) || (fmt != 0 && fmt != 1) ||
+      (fmt == 1 && (group < 32 || group % 32 != 0 || K % group != 0)))
+    return cudaErrorInvalidValue;
+  GemvArgs a{codes, scales, tscale, fmt == 0 ? 16 : group, N, K, nullptr, nullptr, nullptr, nullptr, y, N, x, x2};
+  const dim3 grid((N + kGemvWarps - 1) / kGemvWarps), block(kGemvWarps * 32);
+  if (fmt == 0)
+    return x2 ? launch_kernel(gemv_f32_kernel<Fmt::Nvfp4PosNeg, 2>, grid, block, stream, pdl, a)
+              : launch_kernel(gemv_f32_kernel<Fmt::Nvfp4PosNeg, 1>, grid, block, stream, pdl, a);
+  return x2 ? launch_kernel(gemv_f32_kernel<Fmt::W4a8, 2>, grid, block, stream, pdl, a)
+            : launch_kernel(gemv_f32_kernel<Fmt::W4a8, 1>, grid, block, stream, pdl, a);
 }
 
 namespace detail {

@@ -31,6 +31,9 @@ struct GemvArgs {
   const __half* xh;        // [M, Kp]   (f16 path)
   float* y;
   int ldy;
+  // batch 1 from f32 activations (gemv_m1_f32; SRC 1: xf, SRC 2: silu(xf) * xf2), K = Kp
+  const float* xf;
+  const float* xf2;
 };
 
 constexpr int kGemvWarps = 4;  // warps per block (each independent)
@@ -77,6 +80,57 @@ __device__ __forceinline__ Act<F> load_act(const GemvArgs& a, int m, int c) {
     x.d = __ldg(a.xd + size_t(m) * (a.Kp / 32) + c);
     x.s = F == Fmt::W4a8 ? __ldg(a.xs + size_t(m) * (a.Kp / 32) + c) : 0;
   }
+  return x;
+}
+
+// Batch 1, chunk c of the activations quantised by the lane that dots it, from f32 (SRC 1: x;
+// SRC 2: silu(x) * x2, silu_mul_q8's formula): the q, d and s quantize_act_q8 (silu_mul_q8)
+// would store for that 32-block, bit for bit (the block's max and integer sum do not depend on
+// order). Needs xf (xf2) 16-byte aligned and K = Kp.
+template <Fmt F, int SRC>
+__device__ __forceinline__ Act<F> act_from_f32(const GemvArgs& a, int c) {
+  float v[32];
+  const float4* p = reinterpret_cast<const float4*>(a.xf) + 8 * c;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 t = p[j];
+    v[4 * j] = t.x, v[4 * j + 1] = t.y, v[4 * j + 2] = t.z, v[4 * j + 3] = t.w;
+  }
+  if constexpr (SRC == 2) {
+    const float4* p2 = reinterpret_cast<const float4*>(a.xf2) + 8 * c;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 u = p2[j];
+      const float us[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float g = v[4 * j + e];
+        v[4 * j + e] = g / (1.0f + expf(-g)) * us[e];
+      }
+    }
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  Act<F> x;
+  uint32_t w[8];
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qi = int(fmaxf(-127.0f, fminf(127.0f, rintf(v[4 * j + e] * id))));
+      sum += qi;
+      word |= uint32_t(qi & 0xFF) << (8 * e);
+    }
+    w[j] = word;
+  }
+  x.v[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  x.v[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  x.d = amax / 127.0f;
+  x.s = sum;
   return x;
 }
 
@@ -164,12 +218,11 @@ __device__ __forceinline__ float dot(const Decoded<F>& w, const Act<F>& x, float
 // The GEMV warp and its launch configuration (gemv.cu, gemv_many.cu)
 // =====================================================================================
 
-// kernels_cuda.h reload_switches' value (gemv.cu): KVDECK_CUDA_GEMV_U4.
-bool gemv_u4();
-
 // The body of one warp: rows n0 .. n0 + R - 1 of a (gemv_kernel; gemv_many_kernel per weight).
-template <Fmt F, int M, int R, int U, bool PF>
+// SRC 0: q8 activations (xq, xd, xs); 1, 2 (M = 1): from f32 (act_from_f32).
+template <Fmt F, int M, int R, int U, bool PF, int SRC = 0>
 __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
+  static_assert(SRC == 0 || (M == 1 && F != Fmt::Nvfp4F16), "f32 activations: batch 1, int8 paths");
   const int lane = threadIdx.x & 31;
   if (n0 >= a.N) return;
   const int nc = a.Kp / 32;
@@ -193,7 +246,12 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
       if (c0 + 32 * u >= nc) break;
       Act<F> x[M];
 #pragma unroll
-      for (int m = 0; m < M; ++m) x[m] = load_act<F>(a, m, c0 + 32 * u);
+      for (int m = 0; m < M; ++m) {
+        if constexpr (SRC == 0)
+          x[m] = load_act<F>(a, m, c0 + 32 * u);
+        else
+          x[m] = act_from_f32<F, SRC>(a, c0 + 32 * u);
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const Decoded<F> d = decode<F>(wk[u][r]);
@@ -222,13 +280,5 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
       if (lane == r * M + m && n0 + r < a.N) a.y[size_t(m) * a.ldy + n0 + r] = v * scale;
     }
 }
-
-// Batch 1, KVDECK_CUDA_GEMV_U4=1 (opt-in for A/B): rows over 64 chunks (Kp > 2,048: the 8B's
-// q/k/v, o, gate/up, down and head) at four chunks a lane loaded together, no software pipeline:
-// a resident warp has twice the bytes of U = 2 in flight before the PDL wait (a whole row at
-// K = 4,096), so more of the weights stream while the previous kernel drains; in the loop the
-// same four chunks in flight as U = 2 pipelined. 48 registers either way (ptxas, sm_90), so the
-// same blocks per SM. Same sums in the same order: bit-identical.
-inline bool use_u4(int Kp) { return gemv_u4() && Kp > 64 * 32; }
 
 }  // namespace kvdeck::cuda::detail::gemv

@@ -21,10 +21,6 @@
 
 namespace kvdeck::cuda {
 
-// Re-reads the kernel-level A/B switch from the environment (otherwise read at the first
-// launch): KVDECK_CUDA_GEMV_U4=1 (batch-1 rows over 64 chunks at four chunks a lane, loaded
-// together: gemv_impl.cuh use_u4). The CUDA backend calls it when it is created.
-void reload_switches();
 
 // =====================================================================================
 // Activations quantised per 32-block to int8 (the CPU's quantize_act_q8, kernels.h ActQ8)
@@ -92,6 +88,16 @@ cudaError_t gemv_nvfp4_q8fused(const uint8_t* codes, const uint8_t* scales, floa
 cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int group, int N, int K, int Kp,
                               const float* x, float* y, cudaStream_t stream, bool pdl = false);
 
+// Batch 1 from f32 activations (gemv.cu): y = the GEMV above (fmt 0 NVFP4, 1 W4A8 without
+// minimums) of quantize_act_q8(x) (x2 null) or of silu_mul_q8(x, x2) (act = silu(x) * x2), each
+// lane quantising the 32-blocks it dots in registers, so no quantisation kernel runs before it:
+// bit-identical to the two kernels, and the q8 (and act) they would store are not stored. For
+// short rows (K <= kGemvF32MaxK; a small model's o and down projections), where the lanes'
+// redundant quantisation is cheaper than a dependent launch. K a multiple of 32, x and x2
+// 16-byte aligned; otherwise cudaErrorInvalidValue. y: f32 [N].
+constexpr int kGemvF32MaxK = 2048;
+cudaError_t gemv_m1_f32(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int K,
+                        const float* x, const float* x2, float* y, cudaStream_t stream, bool pdl = false);
 // Batch 1, several weights of one format reading the same activations (q/k/v, gate/up) in
 // one launch: the same kernel and results as one gemv_nvfp4_dp4a (fmt 0) / gemv_w4a8 (fmt 1)
 // per weight (y_i: f32 [N_i]); fewer launches, which is what a small model's decode step
@@ -103,49 +109,8 @@ struct GemvWeight {
   int N;
   float* y;
 };
-//
-//
-// epi (optional): the op that consumes the outputs, run in the same launch by segments: the
-// block that completes a segment's rows (32 outputs, or one head for kRopeKv) runs it, each
-// block counting itself on counter[segment] after a __threadfence (the counters reset
-// themselves, so one array serves every launch of a stream):
-//   kAddNormQ8 (1 weight): x += y0; h = x / rms(x) * w (h may be x); q8 of h as
-//     add_rmsnorm_q8 (n == N0 <= kGemvEpiNormMax; the sum of squares in another, fixed order;
-//     the normalisation is the one step run by a single block, the last segment's).
-//   kSiluQ8 (2 weights): act = silu(y0) * y1 and its q8, as silu_mul_q8 (n == N0 == N1);
-//     its q8 must not overlap the GEMV's input xq (segments finish while others still read).
-//   kRopeKv (3 weights q, k, v; y_i packed): rope_kv_write of q = y0, k = y1, v = y2
-//     (ldq = nh * D, ldk = nkv * D), with ctx[0] = pos[0] + 1 when ctx is given.
-// One launch instead of the GEMV + the op consuming its outputs (a small model's decode step
-// is bound by kernel count). Shapes it does not cover -> cudaErrorInvalidValue.
-constexpr int kGemvEpiCounters = 4096;  // ints at counter (zeroed once), floats at part
-constexpr int kGemvEpiNormMax = 2048;
-struct GemvEpilogue {
-  enum Kind : int32_t { kNone = 0, kAddNormQ8 = 1, kSiluQ8 = 2, kRopeKv = 3 };
-  int32_t kind = kNone;
-  int32_t* counter = nullptr;  // device int [kGemvEpiCounters], 0 before the first launch
-  float* part = nullptr;       // device float [kGemvEpiCounters] (kAddNormQ8: segment sums)
-  // kAddNormQ8 / kSiluQ8
-  float* x = nullptr;          // kAddNormQ8: the residual row [n]
-  const float* w = nullptr;    // kAddNormQ8: norm weight [n]
-  float eps = 0.0f;
-  float* h = nullptr;          // kAddNormQ8: normed row; kSiluQ8: act [n]
-  int n = 0, Kp = 0;           // Kp = round_up(n, 32)
-  int8_t* q = nullptr;         // q8 of h / act: q [Kp], d, s [Kp/32]
-  float* d = nullptr;
-  int32_t* s = nullptr;
-  // kRopeKv
-  int nh = 0, nkv = 0, D = 0, kv_format = 0;
-  const int32_t* pos = nullptr;
-  const float* inv_freq = nullptr;
-  void* k_pages = nullptr;
-  void* v_pages = nullptr;
-  const int32_t* slots = nullptr;
-  int32_t* ctx = nullptr;
-};
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
-                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false,
-                         const GemvEpilogue* epi = nullptr);
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false);
 
 // Prefill GEMM, M > 8, on the tensor cores (gemm_mma.cu): int8 mma.sync of the weight codes
 // (fmt 0 NVFP4 as 2*e2m1, 1 W4A8 as nibble - 8, 2 W8A8) against quantize_act_q8's q, exact

@@ -2,9 +2,9 @@
 
     python3 native/kernels/cuda/bench/decode_ab.py [smollm2] [8b [pf8b]] [--reps R]
 
-Each variant is an engine built with its environment switches set (the backend and the kernels
-read them when the backend is created, kernels_cuda.h reload_switches; the CUDA graph is
-captured under them); the same random tensors serve every variant of a model. Repetitions
+Each variant is an engine built with its environment switches set (the backend reads them
+when it is created; the CUDA graph is captured under them); the same random tensors serve
+every variant of a model. Repetitions
 alternate between the variants (R rounds of `steps` greedy decode steps each, median per
 variant), so a drift of the machine hits all alike; the timed steps stay inside one context
 bucket of the step key (backend.h step_begin). SmolLM2-135M-shaped: nvfp4 layers, w8a8
@@ -24,11 +24,10 @@ import numpy as np
 from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
-        ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
-        ("FUSE=1 (GEMV epilogues)", {"KVDECK_CUDA_FUSE": "1"})]
+        ("F32ACT=0 (q8 / silu+q8 kernels)", {"KVDECK_CUDA_F32ACT": "0"}),
+        ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"})]
 BIG = [("defaults", {}),
-       ("CTX_BUCKETS=0 (session 5's step)", {"KVDECK_CUDA_CTX_BUCKETS": "0"}),
-       ("GEMV_U4=1 (4 chunks a lane)", {"KVDECK_CUDA_GEMV_U4": "1"})]
+       ("CTX_BUCKETS=0 (session 5's step)", {"KVDECK_CUDA_CTX_BUCKETS": "0"})]
 
 
 def build(env: dict, *args, **kw):

@@ -54,11 +54,8 @@ for step in "$@"; do
     profile)
       for m in "smollm2-135m" "llama3-8b 8"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"
-      done
-      # A/B: the same step with the GEMV epilogues (opt-in)
-      KVDECK_CUDA_FUSE=1 PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py smollm2-135m 2>&1 \
-        | grep -v Warning | sed 's/^/[FUSE=1] /' | tee -a "$out/profile.log" ;;
-    prefill)  # where a 512-token prefill's time goes (profile_prefill.py), 8B shape (8 layers) and SmolLM2, GEMM vs v1
+      done ;;
+    prefill)  # where a 512-token prefill's time goes (profile_prefill.py), 8B shape (8 layers) and SmolLM2, f16 vs int8 mma
       for m in "llama3-8b" "smollm2-135m"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_prefill.py $m ab 2>&1 | grep -v -i warn | tee -a "$out/prefill.log"
       done ;;

@@ -3,7 +3,7 @@
 
     python3 native/kernels/cuda/bench/profile_decode.py smollm2-135m|llama3-8b [layers]
 
-KVDECK_CUDA_FUSE=1 in the environment profiles the step with the GEMV epilogues (A/B).
+Any A/B switch in the environment (e.g. KVDECK_CUDA_CTX_BUCKETS=0) profiles the step under it.
 Prints the captured graph's kernel nodes and programmatic (PDL) edges, then per kernel name:
 launches per step, µs per step, µs per launch; then the sum of kernel time per step, the GPU span per step (first kernel start to last kernel end: kernel time plus
 the gaps between dependent kernels) and the wall time per step (the host's share on top).
