@@ -12,8 +12,7 @@ in the engine's formats (app/bench/gpu_model.py: speed depends only on shapes an
     per token over the device copy bandwidth measured in the same run).
   * The seed-000 task (app/bench/gpu_seed.py): TTFT per call with the prefix cache on and off,
     on the CUDA and the CPU backend (--no-seed skips it).
-  * Decode A/B (both models): without the context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0); SmolLM2
-    also with the q8 and silu + q8 kernels before its o / down GEMVs (KVDECK_CUDA_F32ACT=0).
+  * Decode A/B (both models): without the context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0).
   * Prefill A/B (both models): the same 512 tokens with KVDECK_CUDA_MMA=0, M > 8 matmuls as
     batch-8 GEMV chunks instead of the tensor-core GEMM (gemm_mma.cu); the 8B model also with
     KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma instead of the default f16 mma),
@@ -191,10 +190,6 @@ def smollm2(reps: int, out: dict) -> None:
     eager = decode_us(eng, 64, 64, reps)
     del eng
     print(f"  smollm2 f16 KV without CUDA graphs: decode {eager:7.1f} µs/token @64", flush=True)
-    f32act = ab_decode_us({"KVDECK_CUDA_F32ACT": "0"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
-                          dict(tensors=t, max_context=4096), 64, reps)
-    print(f"  smollm2 f16 KV with the q8 and silu+q8 kernels before o / down (KVDECK_CUDA_F32ACT=0): decode "
-          f"{f32act:7.1f} µs/token @64", flush=True)
     buckets = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "0"}, ("smollm2-135m", "nvfp4", "f16", "cuda"),
                            dict(tensors=t, max_context=4096), 64, reps)
     print(f"  smollm2 f16 KV without context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0): decode {buckets:7.1f} "
@@ -207,7 +202,7 @@ def smollm2(reps: int, out: dict) -> None:
     cpu_pf = prefill_tps(cpu, 512, 1)
     print(f"  smollm2 on the CPU backend ({cpu.threads} threads): decode {cpu_us:7.1f} µs/token @64, "
           f"prefill {cpu_pf:6.0f} tok/s", flush=True)
-    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager, "decode_us_64_no_f32act_f16": f32act,
+    out["smollm2"] = {"rows": rows, "decode_us_64_no_graph_f16": eager,
                       "decode_us_64_no_buckets_f16": buckets, "prefill_tps_512_gemv_chunks": gemv_pf,
                       "cpu_decode_us_64": cpu_us,
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}

@@ -111,12 +111,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       flush();
-      if (!hold_q8(u.a, u.b, u.y, M, K, Kp, q))  // held: the down GEMV quantises from f32 (q8_gemv)
-        check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
+      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
     } else {
       flush();
-      if (!hold_q8(x, nullptr, nullptr, M, K, Kp, q))  // held: the o GEMV quantises from f32 (q8_gemv)
-        check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
+      check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
     }
     q.valid = true;
   }
@@ -124,7 +122,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   // block sums as the GEMV); f32 / f16 weights (and KVDECK_CUDA_MMA=0) run the batch-8 kernels
   // over row chunks of 8, each chunk re-reading the weights.
   void matmul(const WeightView& w, const float* x, const QuantScratch& xq, int M, float* y, int ldy) override {
-    if (M == 1 && q8_gemv(w, xq, y, ldy)) return;  // the held quantize_input inside the GEMV
     flush();
     if (is_integer(w.dtype) && !xq.valid) bad("matmul: integer weights need quantised input");
     const int Kp = w.Kp, nb = Kp / kQ8Block;

@@ -2,7 +2,6 @@
 // workspace, decode-step graph capture / replay, and the error helpers (backend_cuda_state.h).
 #include "backend_cuda_state.h"
 
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -53,14 +52,6 @@ CudaState::~CudaState() {
 // Deferred ops and the workspace
 // =====================================================================================
 void CudaState::flush() {
-  if (p_q8_.x) {
-    const Q8 z = p_q8_;
-    p_q8_ = {};
-    const int K = z.K;
-    check(z.x2 ? cuda::silu_mul_q8(z.x, z.x2, 1, K, K, z.act, z.q, z.d, z.s, st_)
-               : cuda::quantize_act_q8(z.x, 1, K, K, z.q, z.d, z.s, st_, pdl_),
-          "quantize_input");
-  }
   if (p_add_.n) {
     const Add a = p_add_;
     p_add_ = {};
@@ -81,29 +72,6 @@ void CudaState::flush() {
     p_rope_.clear();
     for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
   }
-}
-
-bool CudaState::hold_q8(const float* x, const float* x2, float* act, int M, int K, int Kp, const QuantScratch& q) {
-  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!(f32act_ && M == 1 && K == Kp && K <= cuda::kGemvF32MaxK && al(x) && (!x2 || al(x2)))) return false;
-  p_q8_ = {x, x2, act, K, q.act.q, q.act.d, q.act.s};
-  return true;
-}
-
-bool CudaState::q8_gemv(const WeightView& w, const QuantScratch& xq, float* y, int ldy) {
-  if (!(p_q8_.x && xq.act.q == p_q8_.q && w.Kp == p_q8_.K && ldy == w.N && !w.mins &&
-        (w.dtype == DType::NVFP4 || w.dtype == DType::W4A8)))
-    return false;
-  const Q8 z = p_q8_;
-  const cudaError_t e = cuda::gemv_m1_f32(w.dtype == DType::NVFP4 ? 0 : 1, static_cast<const uint8_t*>(w.data),
-                                          w.scales, w.tscale, w.group, w.N, z.K, z.x, z.x2, y, st_, pdl_);
-  if (e == cudaErrorInvalidValue) {
-    cudaGetLastError();
-    return false;  // a shape it refuses: the two kernels (the caller's flush)
-  }
-  p_q8_ = {};
-  check(e, "matmul (batch 1, from f32)");
-  return true;
 }
 
 float* CudaState::workspace(size_t floats) {
@@ -202,7 +170,7 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_q8_ = {}, p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

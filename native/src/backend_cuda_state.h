@@ -59,19 +59,6 @@ class CudaState {
     const int32_t* pos = nullptr;
     const float* inv = nullptr;
   };
-  // A batch-1 quantize_input of a short row (K = Kp <= kGemvF32MaxK), of x or of silu(x) * x2
-  // (a pending silu_mul), held for the matmul reading its q8: that GEMV quantises from f32
-  // itself (gemv_m1_f32), one launch instead of two; any other consumer gets the kernel
-  // (flush). The o and down projections of a small model (f32act_, KVDECK_CUDA_F32ACT).
-  struct Q8 {
-    const float* x = nullptr;
-    const float* x2 = nullptr;  // silu(x) * x2 (silu_mul_q8), or null
-    float* act = nullptr;       // silu_mul's output row (written only by the kernel, on flush)
-    int K = 0;
-    int8_t* q = nullptr;
-    float* d = nullptr;
-    int32_t* s = nullptr;
-  };
   void flush();  // launches every pending op on its own, in order
 
   // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
@@ -100,11 +87,6 @@ class CudaState {
   // 567.3 -> 574.3, inside its spread; NOTES.md session 6); KVDECK_CUDA_CTX_BUCKETS=0: one graph
   // per kind of step, its grids sized for the pool.
   bool buckets_ = env_on("KVDECK_CUDA_CTX_BUCKETS", true);
-  bool f32act_ = env_on("KVDECK_CUDA_F32ACT", true);  // Q8 above (KVDECK_CUDA_F32ACT=0: the two kernels)
-  // Q8 held when f32act_ and M = 1 and x (x2) allow gemv_m1_f32; q8_gemv runs it: false when w or
-  // xq is not what it covers (the caller's flush launches the quantisation kernel).
-  bool hold_q8(const float* x, const float* x2, float* act, int M, int K, int Kp, const QuantScratch& q);
-  bool q8_gemv(const WeightView& w, const QuantScratch& xq, float* y, int ldy);
   int step_ctx_ = 0;
   bool capturing_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
@@ -116,7 +98,6 @@ class CudaState {
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
   const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
-  Q8 p_q8_;
   Add p_add_;
   Norm p_norm_;
   Silu p_silu_;

@@ -71,12 +71,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvArgs a)
   gemv_warp<F, M, R, U, PF>(a, (blockIdx.x * kGemvWarps + threadIdx.x / 32) * R);
 }
 
-// Batch 1 from f32 activations (gemv_m1_f32): each lane quantises the chunks it dots.
-template <Fmt F, int SRC>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const GemvArgs a) {
-  gemv_warp<F, 1, 1, 2, true, SRC>(a, blockIdx.x * kGemvWarps + threadIdx.x / 32);
-}
-
 // =====================================================================================
 // Dispatch: (M, R, U) configurations
 // =====================================================================================
@@ -174,21 +168,6 @@ cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, i
     return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, 1.0f, group, N, Kp, xq, xd, xs, nullptr, y, ldy};
   return launch_default<Fmt::W4a8>(a, M, stream, pdl);
-}
-
-cudaError_t gemv_m1_f32(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int K,
-                        const float* x, const float* x2, float* y, cudaStream_t stream, bool pdl) {
-  const auto mis = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (!shape_ok(N, K, 1, N) || K > kGemvF32MaxK || !x || mis(x) || (x2 && mis(x2)) || (fmt != 0 && fmt != 1) ||
-      (fmt == 1 && (group < 32 || group % 32 != 0 || K % group != 0)))
-    return cudaErrorInvalidValue;
-  GemvArgs a{codes, scales, tscale, fmt == 0 ? 16 : group, N, K, nullptr, nullptr, nullptr, nullptr, y, N, x, x2};
-  const dim3 grid((N + kGemvWarps - 1) / kGemvWarps), block(kGemvWarps * 32);
-  if (fmt == 0)
-    return x2 ? launch_kernel(gemv_f32_kernel<Fmt::Nvfp4PosNeg, 2>, grid, block, stream, pdl, a)
-              : launch_kernel(gemv_f32_kernel<Fmt::Nvfp4PosNeg, 1>, grid, block, stream, pdl, a);
-  return x2 ? launch_kernel(gemv_f32_kernel<Fmt::W4a8, 2>, grid, block, stream, pdl, a)
-            : launch_kernel(gemv_f32_kernel<Fmt::W4a8, 1>, grid, block, stream, pdl, a);
 }
 
 namespace detail {

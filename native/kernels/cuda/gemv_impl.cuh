@@ -31,9 +31,6 @@ struct GemvArgs {
   const __half* xh;        // [M, Kp]   (f16 path)
   float* y;
   int ldy;
-  // batch 1 from f32 activations (gemv_m1_f32; SRC 1: xf, SRC 2: silu(xf) * xf2), K = Kp
-  const float* xf;
-  const float* xf2;
 };
 
 constexpr int kGemvWarps = 4;  // warps per block (each independent)
@@ -80,57 +77,6 @@ __device__ __forceinline__ Act<F> load_act(const GemvArgs& a, int m, int c) {
     x.d = __ldg(a.xd + size_t(m) * (a.Kp / 32) + c);
     x.s = F == Fmt::W4a8 ? __ldg(a.xs + size_t(m) * (a.Kp / 32) + c) : 0;
   }
-  return x;
-}
-
-// Batch 1, chunk c of the activations quantised by the lane that dots it, from f32 (SRC 1: x;
-// SRC 2: silu(x) * x2, silu_mul_q8's formula): the q, d and s quantize_act_q8 (silu_mul_q8)
-// would store for that 32-block, bit for bit (the block's max and integer sum do not depend on
-// order). Needs xf (xf2) 16-byte aligned and K = Kp.
-template <Fmt F, int SRC>
-__device__ __forceinline__ Act<F> act_from_f32(const GemvArgs& a, int c) {
-  float v[32];
-  const float4* p = reinterpret_cast<const float4*>(a.xf) + 8 * c;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float4 t = p[j];
-    v[4 * j] = t.x, v[4 * j + 1] = t.y, v[4 * j + 2] = t.z, v[4 * j + 3] = t.w;
-  }
-  if constexpr (SRC == 2) {
-    const float4* p2 = reinterpret_cast<const float4*>(a.xf2) + 8 * c;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 u = p2[j];
-      const float us[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float g = v[4 * j + e];
-        v[4 * j + e] = g / (1.0f + expf(-g)) * us[e];
-      }
-    }
-  }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  Act<F> x;
-  uint32_t w[8];
-  int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int qi = int(fmaxf(-127.0f, fminf(127.0f, rintf(v[4 * j + e] * id))));
-      sum += qi;
-      word |= uint32_t(qi & 0xFF) << (8 * e);
-    }
-    w[j] = word;
-  }
-  x.v[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  x.v[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  x.d = amax / 127.0f;
-  x.s = sum;
   return x;
 }
 
@@ -219,10 +165,8 @@ __device__ __forceinline__ float dot(const Decoded<F>& w, const Act<F>& x, float
 // =====================================================================================
 
 // The body of one warp: rows n0 .. n0 + R - 1 of a (gemv_kernel; gemv_many_kernel per weight).
-// SRC 0: q8 activations (xq, xd, xs); 1, 2 (M = 1): from f32 (act_from_f32).
-template <Fmt F, int M, int R, int U, bool PF, int SRC = 0>
+template <Fmt F, int M, int R, int U, bool PF>
 __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
-  static_assert(SRC == 0 || (M == 1 && F != Fmt::Nvfp4F16), "f32 activations: batch 1, int8 paths");
   const int lane = threadIdx.x & 31;
   if (n0 >= a.N) return;
   const int nc = a.Kp / 32;
@@ -246,12 +190,7 @@ __device__ __forceinline__ void gemv_warp(const GemvArgs& a, int n0) {
       if (c0 + 32 * u >= nc) break;
       Act<F> x[M];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if constexpr (SRC == 0)
-          x[m] = load_act<F>(a, m, c0 + 32 * u);
-        else
-          x[m] = act_from_f32<F, SRC>(a, c0 + 32 * u);
-      }
+      for (int m = 0; m < M; ++m) x[m] = load_act<F>(a, m, c0 + 32 * u);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const Decoded<F> d = decode<F>(wk[u][r]);

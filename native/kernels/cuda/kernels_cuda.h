@@ -88,16 +88,6 @@ cudaError_t gemv_nvfp4_q8fused(const uint8_t* codes, const uint8_t* scales, floa
 cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int group, int N, int K, int Kp,
                               const float* x, float* y, cudaStream_t stream, bool pdl = false);
 
-// Batch 1 from f32 activations (gemv.cu): y = the GEMV above (fmt 0 NVFP4, 1 W4A8 without
-// minimums) of quantize_act_q8(x) (x2 null) or of silu_mul_q8(x, x2) (act = silu(x) * x2), each
-// lane quantising the 32-blocks it dots in registers, so no quantisation kernel runs before it:
-// bit-identical to the two kernels, and the q8 (and act) they would store are not stored. For
-// short rows (K <= kGemvF32MaxK; a small model's o and down projections), where the lanes'
-// redundant quantisation is cheaper than a dependent launch. K a multiple of 32, x and x2
-// 16-byte aligned; otherwise cudaErrorInvalidValue. y: f32 [N].
-constexpr int kGemvF32MaxK = 2048;
-cudaError_t gemv_m1_f32(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int K,
-                        const float* x, const float* x2, float* y, cudaStream_t stream, bool pdl = false);
 // Batch 1, several weights of one format reading the same activations (q/k/v, gate/up) in
 // one launch: the same kernel and results as one gemv_nvfp4_dp4a (fmt 0) / gemv_w4a8 (fmt 1)
 // per weight (y_i: f32 [N_i]); fewer launches, which is what a small model's decode step

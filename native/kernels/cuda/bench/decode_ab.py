@@ -24,7 +24,6 @@ import numpy as np
 from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
-        ("F32ACT=0 (q8 / silu+q8 kernels)", {"KVDECK_CUDA_F32ACT": "0"}),
         ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"})]
 BIG = [("defaults", {}),
        ("CTX_BUCKETS=0 (session 5's step)", {"KVDECK_CUDA_CTX_BUCKETS": "0"})]
