@@ -117,6 +117,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   const bool int_v = int8_scores && attention_int_v();
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
+  thread_local std::vector<float> ks_buf;  // a page's K / V block scales (32-byte aligned below)
   if (int8_scores) {
     q8.resize(size_t(g1 - g0) * G * D);
     qs.resize(size_t(g1 - g0) * G * (D / 8));
@@ -136,21 +137,28 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
     if (int8_scores && pooled) {  // nvfp4: integer scores and P·V on the codes (a page with fresh rows: f32)
       const size_t rb = kv_row_bytes(kv.dtype, D), ts = rb * kv.nkv;
       const int n8 = (n + 7) / 8 * 8;
-      alignas(32) float ks[2 * 64 * 4];
+      // the block scales of every head's K and V rows of this page: [head][D/64][n8 | n16][4]
+      const int n16 = (n + 15) / 16 * 16;
+      const size_t kss = size_t(D / 64) * n8 * 4, vss = size_t(D / 64) * n16 * 4;
+      ks_buf.resize((g1 - g0) * (kss + vss) + 8);
+      float* ksk = ks_buf.data() + (-reinterpret_cast<uintptr_t>(ks_buf.data()) / 4 & 7);
+      float* ksv = ksk + (g1 - g0) * kss;
+      const size_t at0 = (size_t(page) * B * kv.nkv + g0) * rb;
+      attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.k) + at0, ts, rb, g1 - g0, n, n8, D, ksk);
+      attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n16, D, ksv);
       for (int g = g0; g < g1; ++g) {
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
+        const float* ks = ksv + (g - g0) * vss;
         pf.step(lines);
-        attn_avx2::nvfp4_page_scales(K, ts, n, D, ks);
         attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
-                                     G, D, K, ts, n, ks, S);
-        attn_avx2::nvfp4_page_scales(V, ts, n, D, ks);
+                                     G, D, K, ts, n, ksk + (g - g0) * kss, S);
         float alpha[64];
         softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
         if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
           continue;  // o += P·V on the codes
-        attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
+        attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n16, vtile);
         pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);
       }
       continue;
