@@ -117,7 +117,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   const bool int_v = int8_scores && attention_int_v();
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
-  thread_local std::vector<float> ks_buf;  // a page's K / V block scales (32-byte aligned below)
+  thread_local std::vector<uint16_t> ks_buf;  // a page's K / V block scales (32-byte aligned below)
   if (int8_scores) {
     q8.resize(size_t(g1 - g0) * G * D);
     qs.resize(size_t(g1 - g0) * G * (D / 8));
@@ -140,9 +140,9 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
       // the block scales of every head's K and V rows of this page: [head][D/64][n8 | n16][4]
       const int n16 = (n + 15) / 16 * 16;
       const size_t kss = size_t(D / 64) * n8 * 4, vss = size_t(D / 64) * n16 * 4;
-      ks_buf.resize((g1 - g0) * (kss + vss) + 8);
-      float* ksk = ks_buf.data() + (-reinterpret_cast<uintptr_t>(ks_buf.data()) / 4 & 7);
-      float* ksv = ksk + (g1 - g0) * kss;
+      ks_buf.resize((g1 - g0) * (kss + vss) + 16);
+      uint16_t* ksk = ks_buf.data() + (-reinterpret_cast<uintptr_t>(ks_buf.data()) / 2 & 15);
+      uint16_t* ksv = ksk + (g1 - g0) * kss;
       const size_t at0 = (size_t(page) * B * kv.nkv + g0) * rb;
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.k) + at0, ts, rb, g1 - g0, n, n8, D, ksk);
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n16, D, ksv);
@@ -150,7 +150,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
-        const float* ks = ksv + (g - g0) * vss;
+        const uint16_t* ks = ksv + (g - g0) * vss;
         pf.step(lines);
         attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
                                      G, D, K, ts, n, ksk + (g - g0) * kss, S);
