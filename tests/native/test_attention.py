@@ -106,7 +106,7 @@ def _int8_decode(kv, D, M):
 
 # q's int8 rounding moves decode's output by at most this fraction of what storing K and V in
 # nvfp4 moves it (measured 2026-12-02: 0.03-0.08 on the shapes below), and by INT8_TOL of max|v|.
-# With the integer P·V (ops_cpu.h attention_nvfp4_pv: weights rounded to 8 bits per 16 tokens and
+# With the integer P·V (ops_cpu.h attention_nvfp4_pv: weights rounded to 8 bits per 8 tokens and
 # block; KVDECK_ATTN_INT_V=0 switches it off) both roundings together: measured 0.06-0.14 of
 # storage's error, and INT_V_TOL of max|v| against the rounded-q oracle (measured 8e-4-5e-3).
 INT_V = os.environ.get("KVDECK_ATTN_INT_V", "1") != "0"

@@ -86,11 +86,11 @@ bool attention_scores_int8(const KvView& kv);
 // and float FMAs, the exact P·V; read once).
 bool attention_int_v();
 // o[h] = o[h]·alpha[h] + P·V for G heads over the n NVFP4 V rows at v (token stride ts bytes;
-// P[h*ldp + t], t < n, >= 0; o [G, D]) with the weights rounded to 8 bits: per group of 16
+// P[h*ldp + t], t < n, >= 0; o [G, D]) with the weights rounded to 8 bits: per group of 8
 // tokens and block b of 16 values, w_t = P_t·s_tb (s_tb the E4M3 block scale, NaN read as 0),
 // wm = max_t |w_t|, W_t = nearbyint(w_t · (255/wm)) (0 when wm = 0), and per value i of block b
 //   I_i = Σ_t W_t · 2e2m1(c_ti)  (exact int32),   o_i = fma(float(I_i), wm · (0.5/255), o_i)
-// for the groups in order. Each weight moves by at most wm/510: |Δo_i| <= Σ_groups 16 · wm/510 ·
+// for the groups in order. Each weight moves by at most wm/510: |Δo_i| <= Σ_groups 8 · wm/510 ·
 // max|v| — a bound relative to the page's largest weight, not to |o|. The reference order;
 // attention_nvfp4_pv (AVX2 when the CPU has it, D 64 / 128, n <= 64, no negative block scale;
 // else this) returns the same bits.

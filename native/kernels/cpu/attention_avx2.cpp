@@ -174,15 +174,14 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
     if (int8_scores && pooled) {  // nvfp4: integer scores and P·V on the codes (a page with fresh rows: f32)
       const size_t rb = kv_row_bytes(kv.dtype, D), ts = rb * kv.nkv;
       const int n8 = (n + 7) / 8 * 8;
-      // the block scales of every head's K and V rows of this page: [head][D/64][n8 | n16][4]
-      const int n16 = (n + 15) / 16 * 16;
-      const size_t kss = size_t(D / 64) * n8 * 4, vss = size_t(D / 64) * n16 * 4;
+      // the block scales of every head's K and V rows of this page: [head][D/64][n8][4]
+      const size_t kss = size_t(D / 64) * n8 * 4, vss = kss;
       ks_buf.resize((g1 - g0) * (kss + vss) + 16);
       uint16_t* ksk = ks_buf.data() + (-reinterpret_cast<uintptr_t>(ks_buf.data()) / 2 & 15);
       uint16_t* ksv = ksk + (g1 - g0) * kss;
       const size_t at0 = (size_t(page) * B * kv.nkv + g0) * rb;
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.k) + at0, ts, rb, g1 - g0, n, n8, D, ksk);
-      attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n16, D, ksv);
+      attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n8, D, ksv);
       for (int g = g0; g < g1; ++g) {
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
@@ -195,7 +194,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
         if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
           continue;  // o += P·V on the codes
-        attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n16, vtile);
+        attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
         pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);
       }
       continue;

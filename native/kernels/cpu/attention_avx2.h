@@ -194,8 +194,8 @@ inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, 
 // d_b · 0.5 · scale · 256 in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3].
 void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs);
 // The E4M3 block scales of n rows (token stride ts bytes) as f16 bits of the value / 256, ks
-// [D/64, nr, 4], nr >= n a multiple of 8 (rows >= n: 0; the scores read nr = n rounded up to
-// 8, P·V up to 16); NaN codes read as 0. The consumers fold the 256 into q's factors (qs) and
+// [D/64, nr, 4], nr >= n a multiple of 8 (rows >= n: 0; scores and P·V read nr = n rounded
+// up to 8); NaN codes read as 0. The consumers fold the 256 into q's factors (qs) and
 // p (exact: powers of 2). _heads: nh KV heads at once (head h's rows at rows + h·hs), ks
 // [nh][D/64][nr][4].
 void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int nr, int D, uint16_t* ks);
@@ -207,8 +207,8 @@ void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const ui
 // n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row (ks: nr rows).
 void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int n8, float* tile);
 // o[h] = o[h]·alpha[h] + Σ_t P[h*ldp + t] v_t over the n V rows at v (stride ts) on the codes,
-// bit for bit attention_nvfp4_pv_ref (ops_cpu.h); ks from nvfp4_page_scales with nr = n rounded
-// up to 16. P[h*ldp + t] is read for t < n. False (o untouched) when a block scale is negative.
+// bit for bit attention_nvfp4_pv_ref (ops_cpu.h); ks from nvfp4_page_scales. P[h*ldp + t] is
+// read for t < n rounded up to 8 (0 past n). False (o untouched) when a block scale is negative.
 bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int G, const float* P, int ldp,
                    const float* alpha, float* o);
 

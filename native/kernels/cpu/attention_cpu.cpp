@@ -139,10 +139,10 @@ void attention_nvfp4_pv_ref(const uint8_t* v, size_t ts, int n, int D, int G, co
   for (int h = 0; h < G; ++h)
     for (int i = 0; i < D; ++i) o[size_t(h) * D + i] *= alpha[h];
   for (int h = 0; h < G; ++h)
-    for (int g0 = 0; g0 < n; g0 += 16) {
-      const int g1 = g0 + 16 < n ? g0 + 16 : n;
+    for (int g0 = 0; g0 < n; g0 += 8) {
+      const int g1 = g0 + 8 < n ? g0 + 8 : n;
       for (int b = 0; b < D / 16; ++b) {
-        float w[16], wm = 0.0f;
+        float w[8], wm = 0.0f;
         for (int t = g0; t < g1; ++t) {
           float s = e4m3_to_f32(v[t * ts + D / 2 + b]);
           if (std::isnan(s)) s = 0.0f;

@@ -175,112 +175,101 @@ void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const uint16_t* 
 // ============================================================================
 // o += P·V on the codes (integer V side; the contract: attention_nvfp4_pv_ref, ops_cpu.h)
 // ============================================================================
-// Per group of 16 tokens, four token rows' codes interleaved per value (a quad of bytes per
-// value: E0..E3 even values, O0..O3 odd values, 32 bytes each), so vpmaddubsw sums tokens
-// (t0, t1) into the low word and (t2, t3) into the high word of each value's dword; the
-// quad's u8 weights W (per block: bytes t0..t3, repeated) come from one cvt + packs + packus +
-// vpermd + vpshufb of w · 255/wm. Over the group's 4 quads the words add in int16 (4 · 2 ·
-// 255 · 12 = 24480 < 32767), vpmaddwd by 1 sums the two words of a value (the exact int32
-// I_i), then into natural order and one FMA per value: o_i = fma(float(I_i), wm · 0.5/255, o_i).
-namespace {
-// lane-wise code -> 2·e2m1 (signed)
-inline void nvfp4_quad_codes(const uint8_t* v, size_t ts, int t, int n, int c, __m256i* out /*[8]*/) {
-  const __m256i nib = _mm256_set1_epi8(0x0F);
-  const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,  //
-                                       0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  __m256i L[4], H[4];
-  for (int u = 0; u < 4; ++u) {
-    const __m256i x = t + u < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + (t + u) * ts + 32 * c))
-                                : _mm256_setzero_si256();
-    L[u] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, nib));                         // even values
-    H[u] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));  // odd values
-  }
-  for (int k = 0; k < 2; ++k) {
-    const __m256i* X = k ? H : L;
-    const __m256i a01 = _mm256_unpacklo_epi8(X[0], X[1]), b01 = _mm256_unpackhi_epi8(X[0], X[1]);
-    const __m256i a23 = _mm256_unpacklo_epi8(X[2], X[3]), b23 = _mm256_unpackhi_epi8(X[2], X[3]);
-    out[4 * k + 0] = _mm256_unpacklo_epi16(a01, a23);  // values 0,2,4,6 | 32..38 (+1 for odd): blocks 0 | 2
-    out[4 * k + 1] = _mm256_unpackhi_epi16(a01, a23);  // 8..14 | 40..46: blocks 0 | 2
-    out[4 * k + 2] = _mm256_unpacklo_epi16(b01, b23);  // 16..22 | 48..54: blocks 1 | 3
-    out[4 * k + 3] = _mm256_unpackhi_epi16(b01, b23);  // 24..30 | 56..62: blocks 1 | 3
-  }
-}
-}  // namespace
-
+// Two token rows' codes interleaved per value (A0..A3 below: 16 (t, t+1) byte pairs each), the
+// weights W (u8, <= 255) of the pair broadcast per block, vpmaddubsw sums the pair into int16
+// per value; 4 pairs (8 tokens) add in int16 (4 * 2 * 255 * 12 = 24480 < 32767), then int32,
+// f32 and one FMA per value and group of 8 tokens.
 template <int C>
 static void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, const float* P, int ldp,
                  const float* alpha, float* o) {
   constexpr int D = 64 * C;
-  const int n16 = (n + 15) / 16 * 16, ng = n16 / 16;
-  alignas(32) __m256i vp[4 * 4 * C * 8];  // [group][quad][chunk][E0..E3 O0..O3]
-  for (int gq = 0; gq < 4 * ng; ++gq)
-    for (int c = 0; c < C; ++c) nvfp4_quad_codes(v, ts, 4 * gq, n, c, vp + (size_t(gq) * C + c) * 8);
-  const __m256i rep01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), rep23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-  const __m256i rep45 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), rep67 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5);  // packed [t0 t2 | t1 t3] -> [t0 t2 t1 t3] per lane
-  // per lane: the quad's bytes of block b (lane 0) / b + 2 (lane 1), t0..t3, repeated
-  const __m256i ctl02 = _mm256_setr_epi8(0, 8, 4, 12, 0, 8, 4, 12, 0, 8, 4, 12, 0, 8, 4, 12,  //
-                                         2, 10, 6, 14, 2, 10, 6, 14, 2, 10, 6, 14, 2, 10, 6, 14);
-  const __m256i ctl13 = _mm256_add_epi8(ctl02, _mm256_set1_epi8(1));
-  const __m256i ones = _mm256_set1_epi16(1);
+  const int n8 = (n + 7) / 8 * 8, np = (n + 1) / 2;
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,  //
+                                       0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  alignas(32) __m256i vp[32 * C * 4];  // [pair][chunk][A0..A3]
+  for (int j = 0; j < np; ++j)
+    for (int c = 0; c < C; ++c) {
+      __m256i R[2][2];
+      for (int u = 0; u < 2; ++u) {
+        const int t = 2 * j + u;
+        const __m256i x = t < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + t * ts + 32 * c))
+                                : _mm256_setzero_si256();
+        const __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, nib));                         // even values
+        const __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));  // odd values
+        R[u][0] = _mm256_unpacklo_epi8(lo, hi);  // values 0-15 | 32-47
+        R[u][1] = _mm256_unpackhi_epi8(lo, hi);  // values 16-31 | 48-63
+      }
+      __m256i* a = vp + (size_t(j) * C + c) * 4;
+      a[0] = _mm256_unpacklo_epi8(R[0][0], R[1][0]);  // 0-7 | 32-39   (blocks 0 | 2)
+      a[1] = _mm256_unpackhi_epi8(R[0][0], R[1][0]);  // 8-15 | 40-47  (blocks 0 | 2)
+      a[2] = _mm256_unpacklo_epi8(R[0][1], R[1][1]);  // 16-23 | 48-55 (blocks 1 | 3)
+      a[3] = _mm256_unpackhi_epi8(R[0][1], R[1][1]);  // 24-31 | 56-63 (blocks 1 | 3)
+    }
+  // the pair's (t, t+1) weights of block b (lane 0) and b + 2 (lane 1): bytes (b, 4 + b) repeated
+  const __m256i ctl_a = _mm256_setr_epi8(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4,  //
+                                         2, 6, 2, 6, 2, 6, 2, 6, 2, 6, 2, 6, 2, 6, 2, 6);
+  const __m256i ctl_b = _mm256_add_epi8(ctl_a, _mm256_set1_epi8(1));
+  const __m256i tok = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packed dwords -> token order
   const __m256 k255 = _mm256_set1_ps(255.0f), half255 = _mm256_set1_ps(0.5f / 255.0f);
+  const int ng = (n + 7) / 8;
+  alignas(32) uint8_t W[C * 8 * 32];  // [chunk][group][token][block] weights of one head
+  alignas(32) float F[C * 8 * 8];     // [chunk][group] wm · 0.5/255 per block (both halves)
   for (int h = 0; h < G; ++h) {
     const float* ph = P + size_t(h) * ldp;
-    float* oh = o + size_t(h) * D;
-    if (alpha[h] != 1.0f)  // (o · 1 is o: skipped)
-      for (int i = 0; i < D; i += 8)
-        _mm256_storeu_ps(oh + i, _mm256_mul_ps(_mm256_loadu_ps(oh + i), _mm256_set1_ps(alpha[h])));
-    for (int gi = 0; gi < ng; ++gi) {
-      const int g0 = 16 * gi;
-      // the group's p · 256 (0 past n): whole 32-byte loads of what softmax stored as such (a
-      // narrower or scalar access there stalls store forwarding), masked past n
-      const __m256i first = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      __m256 p8s[2];
-      for (int k = 0; k < 2; ++k)
-        p8s[k] = _mm256_mul_ps(_mm256_set1_ps(256.0f),
-                               g0 + 8 * k + 8 <= n ? _mm256_loadu_ps(ph + g0 + 8 * k)
-                                                   : _mm256_maskload_ps(ph + g0 + 8 * k, _mm256_cmpgt_epi32(
-                                                                            _mm256_set1_epi32(n - g0 - 8 * k), first)));
-      for (int c = 0; c < C; ++c) {
-        // w = p_t · s_tb ([t][block] per quad: [t0 | t1], [t2 | t3]) and its max per block
-        __m256 w[8];
+    for (int c = 0; c < C; ++c)  // the weights first: their chains overlap the V loop below
+      for (int gi = 0; gi < ng; ++gi) {
+        const int g0 = 8 * gi;  // < n8: P and ks are defined for the group's 8 tokens (0 past n)
+        // w = p_t · scale_tb for the group's tokens, its max per block
+        __m256 w[4];
         __m256 wm = _mm256_setzero_ps();
-        const __m128i* kc = reinterpret_cast<const __m128i*>(ks + (size_t(c) * n16 + g0) * 4);
-        for (int u = 0; u < 4; ++u) {  // (p · 256) · (s / 256): the product p · s exactly
-          const __m256 p8 = p8s[u / 2];
-          const __m256i r0 = u & 1 ? rep45 : rep01, r1 = u & 1 ? rep67 : rep23;
-          w[2 * u] = _mm256_mul_ps(_mm256_permutevar8x32_ps(p8, r0), _mm256_cvtph_ps(_mm_load_si128(kc + 2 * u)));
-          w[2 * u + 1] = _mm256_mul_ps(_mm256_permutevar8x32_ps(p8, r1), _mm256_cvtph_ps(_mm_load_si128(kc + 2 * u + 1)));
-          wm = _mm256_max_ps(wm, _mm256_max_ps(w[2 * u], w[2 * u + 1]));
+        const __m256 p8 = _mm256_mul_ps(_mm256_loadu_ps(ph + g0), _mm256_set1_ps(256.0f));  // (p·256)·(s/256) = p·s
+        for (int u = 0; u < 4; ++u) {
+          const __m256 pp = _mm256_permutevar8x32_ps(p8, _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1,
+                                                                           2 * u + 1, 2 * u + 1, 2 * u + 1));
+          w[u] = _mm256_mul_ps(pp, _mm256_cvtph_ps(_mm_load_si128(
+                                       reinterpret_cast<const __m128i*>(ks + (size_t(c) * n8 + g0 + 2 * u) * 4))));
+          wm = _mm256_max_ps(wm, w[u]);
         }
         wm = _mm256_max_ps(wm, _mm256_permute2f128_ps(wm, wm, 1));  // blocks 0-3 in both halves
         const __m256 inv = _mm256_and_ps(_mm256_div_ps(k255, wm), _mm256_cmp_ps(wm, _mm256_setzero_ps(), _CMP_GT_OQ));
-        const __m256 f = _mm256_mul_ps(wm, half255);
-        __m256i acc[8];
-        for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_si256();
-        for (int u = 0; u < 4; ++u) {
-          const __m256i q = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w[2 * u], inv)),
-                                               _mm256_cvtps_epi32(_mm256_mul_ps(w[2 * u + 1], inv)));
-          const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(q, q), lanes);
-          const __m256i w02 = _mm256_shuffle_epi8(b, ctl02), w13 = _mm256_shuffle_epi8(b, ctl13);
-          const __m256i* a = vp + ((size_t(gi) * 4 + u) * C + c) * 8;
-          for (int k = 0; k < 8; ++k)
-            acc[k] = _mm256_add_epi16(acc[k], _mm256_maddubs_epi16(k & 2 ? w13 : w02, a[k]));
+        _mm256_store_ps(F + (c * 8 + gi) * 8, _mm256_mul_ps(wm, half255));
+        __m256i q[4];
+        for (int u = 0; u < 4; ++u) q[u] = _mm256_cvtps_epi32(_mm256_mul_ps(w[u], inv));
+        const __m256i a = _mm256_packs_epi32(q[0], q[1]), b = _mm256_packs_epi32(q[2], q[3]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(W + (c * 8 + gi) * 32),
+                           _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), tok));
+      }
+    for (int c = 0; c < C; ++c) {
+      float* oc = o + size_t(h) * D + 64 * c;
+      __m256 of[8];
+      for (int i = 0; i < 8; ++i) of[i] = _mm256_mul_ps(_mm256_loadu_ps(oc + 8 * i), _mm256_set1_ps(alpha[h]));
+      for (int gi = 0; gi < ng; ++gi) {
+        const int g0 = 8 * gi;
+        const uint8_t* wg = W + (c * 8 + gi) * 32;
+        __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                          _mm256_setzero_si256()};
+        const int j1 = (g0 + 8 < n ? g0 + 8 : n) + 1;
+        for (int j = g0 / 2; j < j1 / 2; ++j) {
+          int64_t wq;
+          std::memcpy(&wq, wg + 8 * (j - g0 / 2), 8);
+          const __m256i wb = _mm256_set1_epi64x(wq);
+          const __m256i wa = _mm256_shuffle_epi8(wb, ctl_a), wc = _mm256_shuffle_epi8(wb, ctl_b);
+          const __m256i* a = vp + (size_t(j) * C + c) * 4;
+          acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(wa, a[0]));
+          acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(wa, a[1]));
+          acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(wc, a[2]));
+          acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(wc, a[3]));
         }
-        // I per value (int32), natural order: (E_k, O_k) -> values 8k'.. of blocks b | b + 2
-        float* oc = oh + 64 * c;
-        for (int k = 0; k < 4; ++k) {
-          const __m256i e = _mm256_madd_epi16(acc[k], ones), od = _mm256_madd_epi16(acc[4 + k], ones);
-          const __m256i lo = _mm256_unpacklo_epi32(e, od), hi = _mm256_unpackhi_epi32(e, od);
-          const int b = k / 2;  // values 8k..8k+7 (block b) and 32 + 8k.. (block b + 2)
-          const __m256 f0 = _mm256_permutevar8x32_ps(f, _mm256_set1_epi32(b));
-          const __m256 f2 = _mm256_permutevar8x32_ps(f, _mm256_set1_epi32(b + 2));
-          const __m256 i0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo, hi, 0x20));
-          const __m256 i2 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo, hi, 0x31));
-          _mm256_storeu_ps(oc + 8 * k, _mm256_fmadd_ps(i0, f0, _mm256_loadu_ps(oc + 8 * k)));
-          _mm256_storeu_ps(oc + 32 + 8 * k, _mm256_fmadd_ps(i2, f2, _mm256_loadu_ps(oc + 32 + 8 * k)));
+        const float* f = F + (c * 8 + gi) * 8;
+        for (int k = 0; k < 4; ++k) {  // acc k: values 8k.. (block k / 2), 32 + 8k.. (block 2 + k / 2)
+          const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[k])));
+          const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[k], 1)));
+          of[k] = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(f + k / 2), of[k]);
+          of[4 + k] = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(f + 2 + k / 2), of[4 + k]);
         }
       }
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(oc + 8 * i, of[i]);
     }
   }
 }
@@ -307,7 +296,7 @@ bool attention_nvfp4_pv_avx2(const uint8_t* v, size_t ts, int n, int D, int G, c
                              const float* alpha, float* o) {
   if ((D != 64 && D != 128) || n < 1 || n > 64) return false;
   alignas(32) uint16_t ks[2 * 64 * 4];
-  attn_avx2::nvfp4_page_scales(v, ts, n, (n + 15) / 16 * 16, D, ks);
+  attn_avx2::nvfp4_page_scales(v, ts, n, (n + 7) / 8 * 8, D, ks);
   return attn_avx2::nvfp4_page_pv(v, ts, n, D, ks, G, P, ldp, alpha, o);
 }
 }  // namespace kvdeck::cpu
