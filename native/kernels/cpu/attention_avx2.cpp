@@ -30,15 +30,52 @@ using attn_avx2::dot4;
 using attn_avx2::load8;
 using attn_avx2::page_rows;
 using attn_avx2::pv_rows;
-using attn_avx2::softmax_update;
+
+// softmax_update (attention_avx2.h) for HB heads at once, phase by phase (every head's max,
+// then their scalar m / alpha, then their e^(s - m) and sums): per head the same operations
+// in the same order, so the same bits, but the heads' dependency chains (max -> m -> e^x ->
+// sum) sit side by side in program order for the out-of-order core to overlap; one head at a
+// time, each chain's latency was exposed (the softmax was 16% of nvfp4 decode).
+template <int HB>
+inline void softmax_block(int ng, float* m, float* l, const float* S, float* P, float* alpha) {
+  __m256 vmax[HB], ps[HB], vm[HB];
+  for (int h = 0; h < HB; ++h) vmax[h] = _mm256_set1_ps(-INFINITY), ps[h] = _mm256_setzero_ps();
+  for (int gi = 0; gi < ng; ++gi)
+    for (int h = 0; h < HB; ++h) vmax[h] = _mm256_max_ps(vmax[h], _mm256_load_ps(S + h * 64 + 8 * gi));
+  for (int h = 0; h < HB; ++h) {
+    const float mx = attn_avx2::hmax(vmax[h]);
+    const float m_new = mx > m[h] ? mx : m[h];
+    alpha[h] = m_new == m[h] && m[h] > -INFINITY ? 1.0f : flush_exp(m[h] - m_new);  // e^0 = 1 exactly
+    m[h] = m_new;
+    vm[h] = _mm256_set1_ps(m_new);
+  }
+  for (int gi = 0; gi < ng; ++gi)
+    for (int h = 0; h < HB; ++h) {
+      const __m256 x = _mm256_load_ps(S + h * 64 + 8 * gi);
+      const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(x, vm[h])), valid);
+      _mm256_store_ps(P + h * 64 + 8 * gi, e);
+      ps[h] = _mm256_add_ps(ps[h], e);
+    }
+  for (int h = 0; h < HB; ++h) l[h] = l[h] * alpha[h] + hsum(ps[h]);
+}
 
 // The online softmax update of the G heads' scores S of one page (n keys; S[h*64 + j] for j
-// >= n masked here): m, l, P = e^(S - m) per head, alpha[h] the factor for o.
+// >= n masked here): m, l, P = e^(S - m) per head, alpha[h] the factor for o; bit for bit
+// softmax_update per head (prefill's), up to four heads interleaved.
 inline void softmax_heads(int G, int n, float* m, float* l, float* S, float* P, float* alpha) {
-  const int ne = (n + 7) / 8 * 8;
-  for (int h = 0; h < G; ++h) {
+  const int ne = (n + 7) / 8 * 8, ng = ne / 8;
+  for (int h = 0; h < G; ++h)
     for (int j = n; j < ne; ++j) S[h * 64 + j] = -INFINITY;
-    alpha[h] = softmax_update(S + h * 64, n, m + h, l + h, P + h * 64);
+  for (int h = 0; h < G;) {
+    const int r = G - h >= 4 ? 4 : G - h;
+    float* Sh = S + h * 64;
+    float* Ph = P + h * 64;
+    if (r == 4) softmax_block<4>(ng, m + h, l + h, Sh, Ph, alpha + h);
+    else if (r == 3) softmax_block<3>(ng, m + h, l + h, Sh, Ph, alpha + h);
+    else if (r == 2) softmax_block<2>(ng, m + h, l + h, Sh, Ph, alpha + h);
+    else softmax_block<1>(ng, m + h, l + h, Sh, Ph, alpha + h);
+    h += r;
   }
 }
 
@@ -117,6 +154,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   const bool int_v = int8_scores && attention_int_v();
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
+  thread_local std::vector<uint16_t> ks_buf;  // a page's K / V block scales (32-byte aligned below)
   if (int8_scores) {
     q8.resize(size_t(g1 - g0) * G * D);
     qs.resize(size_t(g1 - g0) * G * (D / 8));
@@ -136,16 +174,22 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
     if (int8_scores && pooled) {  // nvfp4: integer scores and P·V on the codes (a page with fresh rows: f32)
       const size_t rb = kv_row_bytes(kv.dtype, D), ts = rb * kv.nkv;
       const int n8 = (n + 7) / 8 * 8;
-      alignas(32) float ks[2 * 64 * 4];
+      // the block scales of every head's K and V rows of this page: [head][D/64][n8][4]
+      const size_t kss = size_t(D / 64) * n8 * 4, vss = kss;
+      ks_buf.resize((g1 - g0) * (kss + vss) + 16);
+      uint16_t* ksk = ks_buf.data() + (-reinterpret_cast<uintptr_t>(ks_buf.data()) / 2 & 15);
+      uint16_t* ksv = ksk + (g1 - g0) * kss;
+      const size_t at0 = (size_t(page) * B * kv.nkv + g0) * rb;
+      attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.k) + at0, ts, rb, g1 - g0, n, n8, D, ksk);
+      attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n8, D, ksv);
       for (int g = g0; g < g1; ++g) {
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
+        const uint16_t* ks = ksv + (g - g0) * vss;
         pf.step(lines);
-        attn_avx2::nvfp4_page_scales(K, ts, n, D, ks);
         attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
-                                     G, D, K, ts, n, ks, S);
-        attn_avx2::nvfp4_page_scales(V, ts, n, D, ks);
+                                     G, D, K, ts, n, ksk + (g - g0) * kss, S);
         float alpha[64];
         softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
         if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))

@@ -109,14 +109,15 @@ inline void dot4(const float* const* q, const T* k, size_t ks, float scale, floa
   __m256 a[HB][4];
   for (int h = 0; h < HB; ++h)
     for (int j = 0; j < 4; ++j) a[h][j] = _mm256_setzero_ps();
-  for (int c = 0; c < D; c += 8) {
-    __m256 kc[4];
-    for (int j = 0; j < 4; ++j) kc[j] = load8(k + j * ks + c);
-    for (int h = 0; h < HB; ++h) {
-      const __m256 qc = _mm256_loadu_ps(q[h] + c);
-      for (int j = 0; j < 4; ++j) a[h][j] = _mm256_fmadd_ps(qc, kc[j], a[h][j]);
+  for (int c = 0; c < D; c += 8)  // one K vector live at a time, q as the FMAs' memory operand:
+    for (int j = 0; j < 4; ++j) {   // 4·HB accumulators + 1 (HB = 3: 13 of the 16 registers, no spills)
+      const __m256 kc = load8(k + j * ks + c);
+      for (int h = 0; h < HB; ++h) {
+        __m256 qc = _mm256_loadu_ps(q[h] + c);
+        if (HB > 1) __asm__("" : "+x"(qc));  // (keeps the compiler from hoisting HB·4 q loads)
+        a[h][j] = _mm256_fmadd_ps(qc, kc, a[h][j]);
+      }
     }
-  }
   for (int h = 0; h < HB; ++h) {
     const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
     const __m128 sc = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
@@ -190,21 +191,25 @@ inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, 
 // ============================================================================
 // q of G heads [G, D] -> q8 [G, D/64, 64] (per 64-value chunk: its 32 even values, then its
 // 32 odd ones; int8 per block of 16, d = amax/127) and qs [G, D/64, 8], the factors
-// d_b · 0.5 · scale in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3].
+// d_b · 0.5 · scale · 256 in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3].
 void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs);
-// The E4M3 block scales of n rows (token stride ts bytes) as f32 ks [D/64, n8, 4], n8 = n
-// rounded up to 8 (rows >= n: 0); NaN codes read as 0.
-void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks);
+// The E4M3 block scales of n rows (token stride ts bytes) as f16 bits of the value / 256, ks
+// [D/64, nr, 4], nr >= n a multiple of 8 (rows >= n: 0; scores and P·V read nr = n rounded
+// up to 8); NaN codes read as 0. The consumers fold the 256 into q's factors (qs) and
+// p (exact: powers of 2). _heads: nh KV heads at once (head h's rows at rows + h·hs), ks
+// [nh][D/64][nr][4].
+void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int nr, int D, uint16_t* ks);
+void nvfp4_page_scales_heads(const uint8_t* rows, size_t ts, size_t hs, int nh, int n, int nr, int D, uint16_t* ks);
 // S[h*64 + j] = s_j for the n keys at k (stride ts), j < n rounded up to 8 (keys >= n score 0):
 // the integer-dot score of attention_nvfp4_avx2.cpp's header. ks from nvfp4_page_scales.
 void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
-                       const float* ks, float* S);
-// n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row.
-void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile);
+                       const uint16_t* ks, float* S);
+// n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row (ks: nr rows).
+void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int n8, float* tile);
 // o[h] = o[h]·alpha[h] + Σ_t P[h*ldp + t] v_t over the n V rows at v (stride ts) on the codes,
 // bit for bit attention_nvfp4_pv_ref (ops_cpu.h); ks from nvfp4_page_scales. P[h*ldp + t] is
 // read for t < n rounded up to 8 (0 past n). False (o untouched) when a block scale is negative.
-bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const float* ks, int G, const float* P, int ldp,
+bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int G, const float* P, int ldp,
                    const float* alpha, float* o);
 
 // The next page's K and V (every head) prefetched into L2 a few lines at a time while this page

@@ -19,36 +19,36 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/kernels_impl.h"
 
 namespace kvdeck::cpu::attn_avx2 {
-void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int D, float* ks) {
-  // E4M3 -> f16 bits ((b & 0x7F) << 7 | sign << 15) is the value / 256 (e4m3 subnormals become
-  // f16 subnormals, which vcvtph2ps converts exactly); the NaN code 0x7F reads as 0.
-  const int C = D / 64, n8 = (n + 7) / 8 * 8;
-  const __m256i low7 = _mm256_set1_epi16(0x7F), sgn = _mm256_set1_epi16(0x80), nan = _mm256_set1_epi16(0x7F << 7);
-  const __m256 k256 = _mm256_set1_ps(256.0f);
-  for (int c = 0; c < C; ++c)
-    for (int t0 = 0; t0 < n8; t0 += 8) {
-      const uint8_t* r = rows + t0 * ts + D / 2 + 4 * c;
-      auto dw = [&](int t) {
-        int32_t w = 0;
-        if (t0 + t < n) std::memcpy(&w, r + t * ts, 4);
-        return w;
-      };
-      for (int half = 0; half < 2; ++half) {
-        const int u = 4 * half;
-        const __m256i x = _mm256_cvtepu8_epi16(_mm_setr_epi32(dw(u), dw(u + 1), dw(u + 2), dw(u + 3)));
-        __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, low7), 7),
-                                    _mm256_slli_epi16(_mm256_and_si256(x, sgn), 8));
-        h = _mm256_andnot_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), nan), h);
-        float* dst = ks + (size_t(c) * n8 + t0) * 4 + 16 * half;
-        _mm256_store_ps(dst, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), k256));
-        _mm256_store_ps(dst + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), k256));
+void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int nr, int D, uint16_t* ks) {
+  nvfp4_page_scales_heads(rows, ts, 0, 1, n, nr, D, ks);
+}
+
+void nvfp4_page_scales_heads(const uint8_t* rows, size_t ts, size_t hs, int nh, int n, int nr, int D, uint16_t* ks) {
+  // The scale dwords (4 blocks of a 64-value chunk) of 8 rows at a time gathered (vpgatherdd;
+  // rows >= n masked to 0), the NaN codes 0x7F / 0xFF set to 0, then each byte as f16 bits:
+  // the sign-extended byte << 7 with bit 14 cleared ((b & 0x7F) << 7 | sign << 15) is the
+  // value / 256 (e4m3 subnormals become f16 subnormals: exact).
+  const int C = D / 64;
+  const __m256i keep = _mm256_set1_epi16(int16_t(0xBF80)), low7 = _mm256_set1_epi8(0x7F);
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int(ts)));
+  for (int h = 0; h < nh; ++h)
+    for (int c = 0; c < C; ++c)
+      for (int t0 = 0; t0 < nr; t0 += 8) {
+        const int* base = reinterpret_cast<const int*>(rows + h * hs + t0 * ts + D / 2 + 4 * c);
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - t0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), base, idx, live, 1);
+        w = _mm256_andnot_si256(_mm256_cmpeq_epi8(_mm256_and_si256(w, low7), low7), w);
+        __m256i* dst = reinterpret_cast<__m256i*>(ks + ((size_t(h) * C + c) * nr + t0) * 4);
+        _mm256_store_si256(dst, _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)), 7), keep));
+        _mm256_store_si256(dst + 1,
+                           _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)), 7), keep));
       }
-    }
 }
 
 void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs) {
@@ -75,7 +75,7 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
       }
       // the lane pattern of a key pair's block sums: [b0 b1 b0 b1 | b2 b3 b2 b3]
       const int pat[8] = {0, 1, 0, 1, 2, 3, 2, 3};
-      for (int i = 0; i < 8; ++i) s[i] = d[pat[i]] * 0.5f * scale;
+      for (int i = 0; i < 8; ++i) s[i] = d[pat[i]] * 0.5f * scale * 256.0f;  // (x 256: the scales are stored / 256)
     }
 }
 
@@ -84,7 +84,7 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
 // ============================================================================
 template <int C>
 static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k, size_t ts, int n,
-                     const float* ks, float* S) {
+                     const uint16_t* ks, float* S) {
   const int n8 = (n + 7) / 8 * 8;
   const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12,  //
@@ -105,7 +105,8 @@ static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k,
         }
         // [t b0 b1 t+1 b0 b1 | t b2 b3 t+1 b2 b3] scales of this chunk
         const __m256 kp = _mm256_castpd_ps(
-            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_load_ps(ks + (size_t(c) * n8 + t) * 4)), 0xD8));
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_cvtph_ps(_mm_load_si128(
+                                      reinterpret_cast<const __m128i*>(ks + (size_t(c) * n8 + t) * 4)))), 0xD8));
         for (int h = 0; h < G; ++h) {
           const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + (size_t(h) * C + c) * 64));
           const __m256i qhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + (size_t(h) * C + c) * 64 + 32));
@@ -133,7 +134,7 @@ static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k,
 }
 
 void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
-                       const float* ks, float* S) {
+                       const uint16_t* ks, float* S) {
   if (D == 64) return scores_c<1>(q8, qs, G, k, ts, n, ks, S);
   return scores_c<2>(q8, qs, G, k, ts, n, ks, S);
 }
@@ -141,7 +142,7 @@ void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const ui
 // ============================================================================
 // V rows of a page -> f32 tile [n, D] (bit for bit kv_nvfp4_decode_row)
 // ============================================================================
-void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks, int n8, float* tile) {
+void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int n8, float* tile) {
   const int C = D / 64;
   const __m256i nib = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
   // the f16 high byte of e2m1(code): 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives
@@ -159,7 +160,8 @@ void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks,
       const __m256i o0 = _mm256_unpacklo_epi8(zero, o), o1 = _mm256_unpackhi_epi8(zero, o);
       const __m256i w[4] = {_mm256_unpacklo_epi16(e0, o0), _mm256_unpackhi_epi16(e0, o0),   // v0-7 | v32-39, v8-15 | v40-47
                             _mm256_unpacklo_epi16(e1, o1), _mm256_unpackhi_epi16(e1, o1)};  // v16-23 | v48-55, v24-31 | v56-63
-      const float* s = ks + (size_t(c) * n8 + t) * 4;
+      float s[4];  // the block scales (stored / 256: x 256 is exact)
+      for (int b = 0; b < 4; ++b) s[b] = _cvtsh_ss(ks[(size_t(c) * n8 + t) * 4 + b]) * 256.0f;
       float* dst = tile + size_t(t) * D + 64 * c;
       for (int i = 0; i < 4; ++i) {
         const int b = i / 2;  // lane 0: block b (values 8i..), lane 1: block b + 2
@@ -178,7 +180,7 @@ void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const float* ks,
 // per value; 4 pairs (8 tokens) add in int16 (4 * 2 * 255 * 12 = 24480 < 32767), then int32,
 // f32 and one FMA per value and group of 8 tokens.
 template <int C>
-static void pv_c(const uint8_t* v, size_t ts, int n, const float* ks, int G, const float* P, int ldp,
+static void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, const float* P, int ldp,
                  const float* alpha, float* o) {
   constexpr int D = 64 * C;
   const int n8 = (n + 7) / 8 * 8, np = (n + 1) / 2;
@@ -221,11 +223,12 @@ static void pv_c(const uint8_t* v, size_t ts, int n, const float* ks, int G, con
         // w = p_t · scale_tb for the group's tokens, its max per block
         __m256 w[4];
         __m256 wm = _mm256_setzero_ps();
-        const __m256 p8 = _mm256_loadu_ps(ph + g0);
+        const __m256 p8 = _mm256_mul_ps(_mm256_loadu_ps(ph + g0), _mm256_set1_ps(256.0f));  // (p·256)·(s/256) = p·s
         for (int u = 0; u < 4; ++u) {
           const __m256 pp = _mm256_permutevar8x32_ps(p8, _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1,
                                                                            2 * u + 1, 2 * u + 1, 2 * u + 1));
-          w[u] = _mm256_mul_ps(pp, _mm256_load_ps(ks + (size_t(c) * n8 + g0 + 2 * u) * 4));
+          w[u] = _mm256_mul_ps(pp, _mm256_cvtph_ps(_mm_load_si128(
+                                       reinterpret_cast<const __m128i*>(ks + (size_t(c) * n8 + g0 + 2 * u) * 4))));
           wm = _mm256_max_ps(wm, w[u]);
         }
         wm = _mm256_max_ps(wm, _mm256_permute2f128_ps(wm, wm, 1));  // blocks 0-3 in both halves
@@ -271,7 +274,7 @@ static void pv_c(const uint8_t* v, size_t ts, int n, const float* ks, int G, con
   }
 }
 
-bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const float* ks, int G, const float* P, int ldp,
+bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int G, const float* P, int ldp,
                    const float* alpha, float* o) {
   uint64_t sgn = 0;  // negative block scales (the encoder writes none): the float path
   for (int t = 0; t < n; ++t) {
@@ -292,8 +295,8 @@ namespace kvdeck::cpu {
 bool attention_nvfp4_pv_avx2(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
                              const float* alpha, float* o) {
   if ((D != 64 && D != 128) || n < 1 || n > 64) return false;
-  alignas(32) float ks[2 * 64 * 4];
-  attn_avx2::nvfp4_page_scales(v, ts, n, D, ks);
+  alignas(32) uint16_t ks[2 * 64 * 4];
+  attn_avx2::nvfp4_page_scales(v, ts, n, (n + 7) / 8 * 8, D, ks);
   return attn_avx2::nvfp4_page_pv(v, ts, n, D, ks, G, P, ldp, alpha, o);
 }
 }  // namespace kvdeck::cpu
