@@ -359,10 +359,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------
-  bool step_begin(uint64_t key) override { return kpc4_used_ ? false : graph_begin(key); }  // kpc4: eager steps
-  void step_end(uint64_t key, bool ok) override {
-    if (!kpc4_used_) graph_end(key, ok);
-  }
+  // kpc4 pools: every step eager (its kv_write keeps host bookkeeping); a step begun before the
+  // first kpc4 write (the first ever) is the eager first step of its kind, never a capture.
+  bool step_begin(uint64_t key) override { return kpc4_used_ ? false : graph_begin(key); }
+  void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }  // no capture: resets the step's bound
 
  private:
   // KVDECK_CUDA_ATTN_PREFILL: mma (1, default: q as f16 hi + lo), mma16 (2: q in f16), paged (0:
