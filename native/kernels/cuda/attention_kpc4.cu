@@ -32,18 +32,37 @@ namespace {
 constexpr int kB = 16;  // tokens per page = per chunk
 
 // A lane's raw bytes of one page: its K code segment of tokens gid and gid + 8 (D/4 codes
-// each), the lo / step bytes of its D/4 channels, its V rows {2t, 2t+1, 2t+8, 2t+9} (D/8 values).
+// each), 8 lo and 8 step bytes (the channels of the f16 pairs it converts for the whole warp:
+// step_pairs below), its V rows {2t, 2t+1, 2t+8, 2t+9} (D/8 values).
 template <int D>
 struct Kpc4Regs {
-  static constexpr int KW = D / 32, SW = D / 16, VW = D / 64;
+  static constexpr int KW = D / 32, VW = D / 64;
   uint32_t k[2][KW];
-  uint32_t lo[SW], st[SW];
+  uint32_t lo[2], st[2];
   uint32_t v[4][VW], vs[4];
+};
+
+// The warp's D/2 step (and lo) f16 pairs, P = tig' D/8 + r, r = 2 j + hlf for slice j = 2 wi + jj:
+// channels tig' D/4 + 8 wi + x and + 4, x = 2 jj + hlf (the order of the Q / code pairs). Lane l
+// converts pairs PP l + i (PP = D/64); they share one 8-byte group of channels, at lane_cb.
+template <int D>
+struct StepPairs {
+  static constexpr int PP = D / 64;
+  int cb = 0;                // first channel of the lane's 8-channel group
+  uint32_t sel[PP] = {};     // prmt selectors of its pairs (bytes x of the group's two words)
+  __device__ __forceinline__ explicit StepPairs(int lane) {
+#pragma unroll
+    for (int i = 0; i < PP; ++i) {
+      const int P = PP * lane + i, r = P % (D / 8), x = 2 * ((r / 2) % 2) + r % 2;
+      if (i == 0) cb = P / (D / 8) * (D / 4) + 8 * (r / 4);
+      sel[i] = uint32_t(x | (x << 4) | ((4 + x) << 8) | ((4 + x) << 12));
+    }
+  }
 };
 
 template <int D>
 __device__ __forceinline__ void kpc4_load(Kpc4Regs<D>& r, const uint8_t* kb, const uint8_t* vb, int page, int n_kv,
-                                          int g_kv, int gid, int tig) {
+                                          int g_kv, int gid, int tig, int cb) {
   using R = Kpc4Regs<D>;
   constexpr int AK = D == 128 ? 16 : 8;  // page blocks are 10 D bytes: 16-aligned for D 64 / 128
   constexpr int AV = Fmt<KvFormat::NVFP4>::template align<D>();
@@ -51,8 +70,8 @@ __device__ __forceinline__ void kpc4_load(Kpc4Regs<D>& r, const uint8_t* kb, con
   const uint8_t* kp = kb + (size_t(page) * n_kv + g_kv) * kpc4_head_bytes(D);
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile) load_words<AK>(kp + (gid + 8 * tile) * (D / 2) + tig * (D / 8), r.k[tile], R::KW);
-  load_words<16>(kp + 8 * D + tig * (D / 4), r.lo, R::SW);
-  load_words<16>(kp + 9 * D + tig * (D / 4), r.st, R::SW);
+  load_words<8>(kp + 8 * D + cb, r.lo, 2);
+  load_words<8>(kp + 9 * D + cb, r.st, 2);
   const int rows[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -62,10 +81,10 @@ __device__ __forceinline__ void kpc4_load(Kpc4Regs<D>& r, const uint8_t* kb, con
   }
 }
 
-// Bytes x of words a and x of b (x < 4) as an f16 pair of their E4M3 values / 256 (exact).
-template <int X, bool kSigned>
-__device__ __forceinline__ uint32_t e4m3_pair_div256(uint32_t a, uint32_t b) {
-  constexpr uint32_t sel = X | (X << 4) | ((4 + X) << 8) | ((4 + X) << 12);
+// Byte x of word a and byte x of b (sel: StepPairs) as an f16 pair of their E4M3 values / 256
+// (exact, subnormals included).
+template <bool kSigned>
+__device__ __forceinline__ uint32_t e4m3_pair_div256(uint32_t a, uint32_t b, uint32_t sel) {
   const uint32_t t = prmt(a, b, sel);
   const uint32_t h = (t & 0x007F007Fu) << 7;
   return kSigned ? h | ((t & 0x00800080u) << 8) : h;
@@ -82,13 +101,14 @@ kpc4_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
                 float* __restrict__ ws) {
   using R = Kpc4Regs<D>;
   constexpr int KS = D / 16;
-  constexpr uint32_t k1024 = 0x64006400u;
   const int g_kv = blockIdx.x, sp = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
   const int per_warp = split / kAttnWarps;
   const int t_begin = sp * split, w_begin = t_begin + warp * per_warp;
   const int p_first = w_begin / kB;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
+  const StepPairs<D> spairs(lane);
+  __shared__ __align__(16) uint32_t s_st[kAttnWarps][D / 2], s_lo[kAttnWarps][D / 2];  // the page's pairs
   pdl_wait();  // q and ctx are the previous kernels' outputs
 
   // Q of head gid, channels tig D/4 + 8 wi + {2jj, 2jj+4} (a0) and {2jj+1, 2jj+5} (a2) of slice
@@ -109,17 +129,28 @@ kpc4_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   if (t_begin >= ctx) return;
   const int t_end = min(ctx, t_begin + split);
   const int w_end = min(t_end, w_begin + per_warp);
+  // 1024 as an f16 pair in a register (ctx >= 0: the OR adds nothing): the code conversion
+  // (w >> s) & 0x000F000F | k1024 is then one LOP3 (one immediate), not an AND and an OR
+  const uint32_t k1024 = 0x64006400u | uint32_t(ctx >> 31);
 
   float oc[KS][4] = {};
   float m = -INFINITY, l = 0.0f;
   R cur, nxt;
   auto load = [&](int t0, R& r) {
     const int pg = __shfl_sync(0xffffffffu, my_page, min(t0 / kB - p_first, 31));
-    kpc4_load<D>(r, kbase, vbase, pg, n_kv, g_kv, gid, tig);
+    kpc4_load<D>(r, kbase, vbase, pg, n_kv, g_kv, gid, tig, spairs.cb);
   };
   if (w_begin < w_end) load(w_begin, cur);
   for (int t0 = w_begin; t0 < w_end; t0 += kB) {
     if (t0 + kB < w_end) load(t0 + kB, nxt);
+    // ---- the page's step / lo as f16 pairs, converted once per warp (PP pairs a lane) -------
+    __syncwarp();  // the previous page's pairs are read
+#pragma unroll
+    for (int i = 0; i < StepPairs<D>::PP; ++i) {
+      s_st[warp][StepPairs<D>::PP * lane + i] = e4m3_pair_div256<false>(cur.st[0], cur.st[1], spairs.sel[i]);
+      s_lo[warp][StepPairs<D>::PP * lane + i] = e4m3_pair_div256<true>(cur.lo[0], cur.lo[1], spairs.sel[i]);
+    }
+    __syncwarp();
     // ---- scores on the codes ---------------------------------------------------------------
     float s[2][4] = {}, s2[2][4] = {}, cc[4] = {}, cl[4] = {};
 #pragma unroll
@@ -127,14 +158,10 @@ kpc4_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         const int j = 2 * wi + jj;
-        const uint32_t sa = jj ? e4m3_pair_div256<2, false>(cur.st[2 * wi], cur.st[2 * wi + 1])
-                               : e4m3_pair_div256<0, false>(cur.st[2 * wi], cur.st[2 * wi + 1]);
-        const uint32_t sb = jj ? e4m3_pair_div256<3, false>(cur.st[2 * wi], cur.st[2 * wi + 1])
-                               : e4m3_pair_div256<1, false>(cur.st[2 * wi], cur.st[2 * wi + 1]);
-        const uint32_t la = jj ? e4m3_pair_div256<2, true>(cur.lo[2 * wi], cur.lo[2 * wi + 1])
-                               : e4m3_pair_div256<0, true>(cur.lo[2 * wi], cur.lo[2 * wi + 1]);
-        const uint32_t lb = jj ? e4m3_pair_div256<3, true>(cur.lo[2 * wi], cur.lo[2 * wi + 1])
-                               : e4m3_pair_div256<1, true>(cur.lo[2 * wi], cur.lo[2 * wi + 1]);
+        const int P = tig * (D / 8) + 2 * j;  // this slice's pairs: P (a0 / b0), P + 1 (a2 / b1)
+        const uint2 st2 = *reinterpret_cast<const uint2*>(&s_st[warp][P]);
+        const uint2 lo2 = *reinterpret_cast<const uint2*>(&s_lo[warp][P]);
+        const uint32_t sa = st2.x, sb = st2.y, la = lo2.x, lb = lo2.y;
         const uint32_t qa0 = h2bits(__hmul2(bits2h(qh[j][0]), bits2h(sa)));
         const uint32_t qa1 = h2bits(__hmul2(bits2h(qh[j][1]), bits2h(sb)));
 #pragma unroll
@@ -144,7 +171,7 @@ kpc4_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
           const uint32_t b1 = ((w >> (8 * jj + 4)) & 0x000F000Fu) | k1024;  // (2jj + 1, 2jj + 5)
           mma16816(jj ? s2[tile] : s[tile], qa0, 0u, qa1, 0u, b0, b1);
         }
-        mma16816(cc, qa0, 0u, qa1, 0u, k1024, k1024);
+        mma16816(cc, qa0, 0u, qa1, 0u, 0x64006400u, 0x64006400u);
         mma16816(cl, qh[j][0], 0u, qh[j][1], 0u, la, lb);
       }
     const float bias = cl[0] - cc[0];  // head gid's (every column holds it)
