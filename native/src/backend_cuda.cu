@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_cuda_kpc4.h"
 #include "backend_cuda_state.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kvdeck/backend.h"
@@ -60,6 +61,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     ctx_fresh_ = nullptr;  // pos may change
     no_capture("upload");
     if (!bytes) return;
+    if (kpc4_) kpc4_->note_upload(dst, src, bytes);  // its host-side bookkeeping (backend_cuda_kpc4.h)
     if (bytes <= kStage / 4 && stage_) {
       if (stage_used_ + bytes > kStage) sync();
       uint8_t* p = stage_ + stage_used_;
@@ -200,6 +202,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld, const int32_t* slots,
                 int M) override {
+    if (pool.dtype() == KvDType::KPC4) {
+      flush();
+      kpc4_used_ = true;
+      return kpc4_path("kv_write").kv_write(pool, layer, k, v, ld, slots, M, st_);
+    }
     if (kv_needs_workspace(pool.dtype())) {  // nvfp4r / k8v4 rows: attention_paged.cu, not fused
       flush();
       return check(cuda::kv_write_q(int(pool.dtype()), pool.k(layer), pool.v(layer), pool.n_kv(), pool.head_dim(), k,
@@ -256,6 +263,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     const float scale = 1.0f / std::sqrt(float(D));
     const int pool_ctx = std::min(pool.n_pages() * pool.block(), 524288);  // sizes the workspace (never moves)
     const int max_ctx = step_ctx_ ? std::min(pool_ctx, step_ctx_) : pool_ctx;  // sizes the grids
+    if (pool.dtype() == KvDType::KPC4)  // its own-page rule instead of fresh rows (backend_cuda_kpc4.h)
+      return kpc4_path("attention").attention(pool, layer, q, ldq, M, pos, pages, nh, nkv, D, out,
+                                              workspace(cuda::attn_workspace_floats(nh, pool_ctx, D)), max_ctx,
+                                              ctx_, st_);
     cuda::PagedKv kv;
     kv.k = pool.k(layer), kv.v = pool.v(layer), kv.pages = pages, kv.block = pool.block(), kv.n_kv = nkv, kv.D = D;
     const KvDType dt = pool.dtype();
@@ -345,8 +356,10 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   }
 
   // ---- decode steps as CUDA graphs ----------------------------------------------------
-  bool step_begin(uint64_t key) override { return graph_begin(key); }
-  void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }
+  // kpc4 pools: every step eager (its kv_write keeps host bookkeeping); a step begun before the
+  // first kpc4 write (the first ever) is the eager first step of its kind, never a capture.
+  bool step_begin(uint64_t key) override { return kpc4_used_ ? false : graph_begin(key); }
+  void step_end(uint64_t key, bool ok) override { graph_end(key, ok); }  // no capture: resets the step's bound
 
  private:
   // KVDECK_CUDA_ATTN_PREFILL: mma (1, default: q as f16 hi + lo), mma16 (2: q in f16), paged (0:
@@ -362,6 +375,14 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                                                                       : 1;
   bool attn_decode_split_ = env_str("KVDECK_CUDA_ATTN_DECODE") != "paged";
   Rope unroped_k_;  // the k rope_kv_write wrote to the pool but left unrotated in its buffer
+  // kpc4 KV (backend_cuda_kpc4.h): opt-in with KVDECK_CUDA_KPC4=1 until a GPU run measures it.
+  std::unique_ptr<cuda_backend::Kpc4Path> kpc4_ =
+      env_str("KVDECK_CUDA_KPC4") == "1" ? std::make_unique<cuda_backend::Kpc4Path>() : nullptr;
+  bool kpc4_used_ = false;  // a kpc4 pool was written: decode steps run eagerly (no graph)
+  cuda_backend::Kpc4Path& kpc4_path(const char* op) {
+    if (!kpc4_) bad(std::string(op) + ": kpc4 KV on the CUDA backend is opt-in: set KVDECK_CUDA_KPC4=1");
+    return *kpc4_;
+  }
   struct CudaFree {
     void operator()(void* p) const { cudaFree(p); }
   };

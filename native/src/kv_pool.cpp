@@ -1,5 +1,7 @@
 #include "kvdeck/kv_pool.h"
 
+#include <cstdlib>
+
 #include "kvdeck/backend.h"
 
 namespace kvdeck {
@@ -40,9 +42,12 @@ KvPool::KvPool(Backend& backend, int n_layers, int n_kv, int head_dim, int block
   if (dtype == KvDType::KPC4 && block != 16)
     throw std::invalid_argument("kv pool: kpc4 KV needs pages of 16 tokens (its K minimum and step are per "
                                 "16 tokens of a channel), got kv_block " + std::to_string(block));
-  if (dtype == KvDType::KPC4 && backend.name() != "cpu")
+  const char* kpc4_cuda = std::getenv("KVDECK_CUDA_KPC4");  // opt-in until measured on a GPU
+  if (dtype == KvDType::KPC4 && backend.name() != "cpu" &&
+      !(backend.name() == "cuda" && kpc4_cuda && std::string(kpc4_cuda) == "1"))
     throw std::invalid_argument("kv pool: kpc4 KV runs on the cpu backend only: the " + backend.name() +
-                                " backend has no kpc4 kernels (use nvfp4, nvfp4r or k8v4 there)");
+                                " backend's kpc4 kernels are not measured yet (KVDECK_CUDA_KPC4=1 opts in on "
+                                "cuda; or use nvfp4, nvfp4r or k8v4 there)");
   const size_t rows = static_cast<size_t>(n_pages) * block * n_kv;
   for (int l = 0; l < n_layers; ++l) {
     k_.push_back(backend_.alloc(rows * kv_row_bytes(dtype, head_dim)));

@@ -1,7 +1,7 @@
 // attention_mma_rows.cuh — the KV rows of attention_mma.cu's split kernel: the pool formats'
 // layouts (Fmt), a lane's raw K / V bytes for one 16-token chunk (KvRegs, load_chunk; 2-byte
 // aligned rows by funnel shifts) and their conversion to f16 pairs for the MMAs (E2M1 x E4M3
-// and int8, exact in f16). Included by attention_mma.cu only (inside its anonymous namespace).
+// and int8, exact in f16). Included by attention_mma.cu and attention_kpc4.cu (inside their anonymous namespaces).
 #pragma once
 #include <cstdint>
 

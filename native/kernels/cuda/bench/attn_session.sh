@@ -5,7 +5,9 @@
 # tensor cores vs the f32 paged kernel), attn_formats.py (decode / prefill per KV format through
 # the backend) and attn_model_ab.py (whole-model prefill tok/s and decode µs/token, default
 # kernels vs KVDECK_CUDA_ATTN_PREFILL=paged / KVDECK_CUDA_ATTN_DECODE=paged, interleaved).
-#   attn_session.sh OUT [tests] [bench] [formats] [kcheck] [model]
+#   attn_session.sh OUT [tests] [bench] [formats] [kcheck] [model] [kpc4]
+# (kpc4: tests/cuda/test_kpc4_cuda.py, the opt-in KVDECK_CUDA_KPC4=1 path; its kernel rows,
+# attn_kpc4_mma at 4K / 16K / 32K, come with `bench`.)
 set -uo pipefail
 out=$1; shift
 root=$(cd "$(dirname "$0")/../../../.." && pwd)
@@ -43,6 +45,9 @@ for step in "$@"; do
     model)  # whole-model A/B: prefill 512 tok/s and decode µs/token, default kernels vs paged
       timeout 240 python3 native/kernels/cuda/bench/attn_model_ab.py --prefill --decode --big 2>&1 \
         | grep -v Warning | tee "$out/model_ab.log" ;;
+    kpc4)  # kpc4 KV on the GPU (opt-in): codec bytes, decode / prefill vs the CPU, whole model
+      timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_kpc4_cuda.py 2>&1 \
+        | tee "$out/kpc4.log" | grep -E "passed|failed|FAIL|Error|error|kpc4" | tail -40 ;;
   esac
 done
 echo "total: $(( $(date +%s) - t0 )) s"

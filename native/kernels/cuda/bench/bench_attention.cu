@@ -349,6 +349,7 @@ void bench_attention(Options& o) {
     if (o.quick) continue;
     for (int ctx : {4096, 16384, 32768}) run_case(o, {32, 8, 128, ctx, ctx, f, true});
   }
+  bench_attention_kpc4(o);
 }
 
 }  // namespace bench

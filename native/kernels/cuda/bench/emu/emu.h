@@ -162,6 +162,7 @@ inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 #define blockIdx emu::tl_bid
 #define __launch_bounds__(...)
 #define __syncthreads() emu::tl_block->all.arrive_and_wait()
+#define __syncwarp(...) emu::warp().bar.arrive_and_wait()  // the warp's barrier (attention_kpc4.cu)
 #define __forceinline__ inline
 
 // A vector load from an address its type does not align faults on the GPU (misaligned
