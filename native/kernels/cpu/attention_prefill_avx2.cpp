@@ -59,9 +59,14 @@ inline void pv_group(const float* const* Vp, const size_t* vs, int np, const int
         for (int c = 0; c < 4; ++c) x[r][c] = _mm256_mul_ps(x[r][c], a);
       }
       const float* vt = Vp[p] + c0;
-      for (int t = 0; t < nn[p]; ++t, vt += vs[p]) {
+      const float* pp[NR];
+      for (int r = 0; r < NR; ++r) pp[r] = P[r] + p * B;
+      const int n = nn[p];
+      const size_t step = vs[p];
+#pragma GCC unroll 2
+      for (int t = 0; t < n; ++t, vt += step) {
         __m256 pr[NR];
-        for (int r = 0; r < NR; ++r) pr[r] = _mm256_broadcast_ss(P[r] + p * B + t);
+        for (int r = 0; r < NR; ++r) pr[r] = _mm256_broadcast_ss(pp[r] + t);
         for (int c = 0; c < 4; ++c) {
           __m256 v = _mm256_loadu_ps(vt + 8 * c);
           if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
