@@ -6,7 +6,8 @@ layers), f16 and nvfp4 KV, on 1 and 2 threads. --against PATH times another buil
 _native module (a .so file, e.g. a copy of the session's starting build) in the same run:
 each repetition runs ours then theirs, each in a fresh process (a module is loaded by path
 there), and the machine's load is printed with every figure; the best of --reps is reported
-with the ratio. --engine adds the end-to-end figure: a 500-token tail over ~3,700 cached
+with the ratio, and the CPU seconds of a pass (summed over the threads; far steadier under other
+processes' load than the wall time) with theirs over ours. --engine adds the end-to-end figure: a 500-token tail over ~3,700 cached
 tokens through the engine (nvfp4 weights, prefix cache: the prompt's cached pages matched,
 the tail computed: GEMMs and attention), best of --reps, ours against theirs likewise.
 """
@@ -34,9 +35,14 @@ else:
 """
 
 _ATTN = _LOAD + """
+import time
 ops = nat.BackendOps("cpu", {threads})
-secs, _ = ops.attention_timing({nh}, {nkv}, {D}, {p0}, {M}, kv={kv!r}, layers={layers}, repeat={repeat})
-print(json.dumps(min(secs)))
+cpu = []
+for repeat in (1, 1 + {repeat}):  # the CPU time of {repeat} passes: the difference (setup cancels)
+    c = time.process_time()
+    secs, _ = ops.attention_timing({nh}, {nkv}, {D}, {p0}, {M}, kv={kv!r}, layers={layers}, repeat=repeat)
+    cpu.append(time.process_time() - c)
+print(json.dumps([min(secs), (cpu[1] - cpu[0]) / {repeat}]))
 """
 
 _ENGINE = _LOAD + """
@@ -68,11 +74,14 @@ def _run(code: str) -> object:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def attention_seconds(so: str | None, kv: str, threads: int, repeat: int = 1) -> float:
+def attention_seconds(so: str | None, kv: str, threads: int, repeat: int = 1) -> tuple[float, float]:
+    """(best wall seconds of a pass over every layer, CPU seconds of a pass summed over the
+    threads): under other processes' load the CPU time moves far less than the wall time."""
     nh, nkv, D, layers = SHAPE
     p0, M = PREFILL
-    return float(_run(_ATTN.format(so=so, threads=threads, nh=nh, nkv=nkv, D=D, p0=p0, M=M, kv=kv,
-                                   layers=layers, repeat=repeat)))
+    wall, cpu = _run(_ATTN.format(so=so, threads=threads, nh=nh, nkv=nkv, D=D, p0=p0, M=M, kv=kv,
+                                  layers=layers, repeat=repeat))
+    return float(wall), float(cpu)
 
 
 def engine_seconds(so: str | None, kv: str, threads: int, repeat: int = 2) -> tuple[float, int]:
@@ -96,13 +105,18 @@ def run(args) -> int:
     for rep in range(args.reps):
         for th in threads:
             for kv in kvs:
-                r = rows.setdefault(f"attention {kv} {th}t", {"ours": [], "theirs": [], "load": []})
+                r = rows.setdefault(f"attention {kv} {th}t", {"ours": [], "theirs": [], "load": [],
+                                                               "cpu_ours": [], "cpu_theirs": []})
                 r["load"].append(os.getloadavg()[0])
-                r["ours"].append(attention_seconds(None, kv, th))
+                w, c = attention_seconds(None, kv, th)
+                r["ours"].append(w), r["cpu_ours"].append(c)
                 if against:
-                    r["theirs"].append(attention_seconds(against, kv, th))
-                say(f"  rep {rep + 1} {kv:5} {th} threads: ours {r['ours'][-1]:.3f}"
-                    + (f"  theirs {r['theirs'][-1]:.3f}  ratio {r['theirs'][-1] / r['ours'][-1]:.2f}" if against else "")
+                    w, c = attention_seconds(against, kv, th)
+                    r["theirs"].append(w), r["cpu_theirs"].append(c)
+                say(f"  rep {rep + 1} {kv:5} {th} threads: ours {r['ours'][-1]:.3f} s (cpu {r['cpu_ours'][-1]:.2f})"
+                    + (f"  theirs {r['theirs'][-1]:.3f} s (cpu {r['cpu_theirs'][-1]:.2f})  ratio "
+                       f"{r['theirs'][-1] / r['ours'][-1]:.2f} (cpu {r['cpu_theirs'][-1] / r['cpu_ours'][-1]:.2f})"
+                       if against else "")
                     + f"  load {r['load'][-1]:.2f}")
         if args.engine:
             for kv in kvs:
@@ -123,9 +137,16 @@ def run(args) -> int:
         if against:
             r["best_theirs"] = min(r["theirs"])
             r["ratio"] = r["best_theirs"] / r["best_ours"]
+        cpu = ""
+        if r.get("cpu_ours"):
+            r["best_cpu_ours"] = min(r["cpu_ours"])
+            cpu = f", cpu {r['best_cpu_ours']:.2f}"
+            if against:
+                r["best_cpu_theirs"] = min(r["cpu_theirs"])
+                cpu += f" / {r['best_cpu_theirs']:.2f} = {r['best_cpu_theirs'] / r['best_cpu_ours']:.2f}"
         say(f"  {name:18} ours {r['best_ours']:.3f} s"
             + (f"  theirs {r['best_theirs']:.3f} s  ratio {r['ratio']:.2f}" if against else "")
-            + f"  (load {min(r['load']):.2f}-{max(r['load']):.2f})")
+            + f"{cpu}  (load {min(r['load']):.2f}-{max(r['load']):.2f})")
     if args.json:
         print(json.dumps({"against": against, "rows": rows}, indent=1))
     return 0
