@@ -163,7 +163,16 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="SmolLM2 shape only, fewer repetitions")
     ap.add_argument("--fidelity", action="store_true",
                     help="only the top-1 of 1,535 real decode steps over nvfp4 pages against f16 pages")
+    ap.add_argument("--prefill", action="store_true",
+                    help="only prefill attention (500 over 4,000 cached), A/B: app/bench/attention_prefill.py")
+    ap.add_argument("--against", metavar="SO", help="with --prefill: another build's _native .so, timed in the same run")
+    ap.add_argument("--reps", type=int, default=3, help="with --prefill: repetitions (best of)")
+    ap.add_argument("--engine", action="store_true", help="with --prefill: also the engine's 500-token tail over 3,700")
     args = ap.parse_args(argv)
+    if args.prefill:
+        from app.bench.attention_prefill import run as run_prefill
+
+        return run_prefill(args)
     from app.engine import _native
 
     if args.fidelity:

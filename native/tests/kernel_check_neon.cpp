@@ -288,6 +288,23 @@ void check_attention() {
       g_check(worst <= 4e-6 * vmax, name + buf);
       g_check(bits_differ(on, o32) == 0, name + ": differs from f32 pages of the decoded rows");
       g_check(pre_bad == 0, name + ": prefill tile differs from decode in " + std::to_string(pre_bad) + " values");
+      // f32 pages in place (the backend's prefill workspace): the neon rows kernel
+      // (attention_prefill_neon.cpp), 37 queries (rows past 16-row blocks, padding lanes; the
+      // first shape crosses a segment edge) against decode over the same pages, bit for bit.
+      const int nq2 = std::min(37, sh.ctx), p2 = sh.ctx - nq2;
+      std::vector<float> q2(size_t(nq2) * ldq), r2(q2.size(), 0.0f), d2(size_t(G) * D);
+      for (auto& e : q2) e = normal();
+      std::vector<float> work2(cpu::attention_queries_work_floats(nq2, G, sh.ctx, sh.block, D));
+      int rows_bad = 0;
+      with("neon", [&] {
+        cpu::attention_queries(kv32, g, q2.data(), ldq, G, 0, nq2, p2, scale, r2.data(), ldq, work2.data());
+        for (int i = 0; i < nq2; ++i) {
+          cpu::attention_query(kv32, g, q2.data() + i * ldq + size_t(g) * G * D, G, p2 + i + 1, scale, d2.data(),
+                               work2.data());
+          for (int e = 0; e < G * D; ++e) rows_bad += bits(r2[i * ldq + size_t(g) * G * D + e]) != bits(d2[e]);
+        }
+      });
+      g_check(rows_bad == 0, name + ": f32 prefill rows differ from decode in " + std::to_string(rows_bad) + " values");
     }
   }
 }

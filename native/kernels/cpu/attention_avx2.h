@@ -126,7 +126,7 @@ inline void dot4(const float* const* q, const T* k, size_t ks, float scale, floa
 }
 
 // The online softmax update of one row over its nr scores S (the reference order: a page's max, alpha, e^(s - m), their sum):
-// m, l updated, P = e^(S - m_new) (0 where masked); returns alpha.
+// m, l updated (l = fma(l, alpha, sum)), P = e^(S - m_new) (0 where masked); returns alpha.
 inline float softmax_update(const float* S, int nr, float* m, float* l, float* P) {
   const int ng = (nr + 7) / 8;
   __m256 vmax = _mm256_set1_ps(-INFINITY);
@@ -143,7 +143,7 @@ inline float softmax_update(const float* S, int nr, float* m, float* l, float* P
     _mm256_store_ps(P + 8 * gi, e);
     psum = _mm256_add_ps(psum, e);
   }
-  *l = *l * alpha + hsum(psum);
+  *l = std::fma(*l, alpha, hsum(psum));  // one rounding, whatever the caller's inlining lets the compiler contract
   *m = m_new;
   return alpha;
 }

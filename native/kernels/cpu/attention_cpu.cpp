@@ -229,6 +229,8 @@ void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int 
 #if defined(__x86_64__)
   static const bool avx2 = cpu_supports("avx2");
   const bool rows = avx2 && D % 8 == 0 && D <= 128 && kv.block <= 64;
+#elif defined(__aarch64__)
+  const bool rows = neon_active();  // f32 pages in place (the backend's workspace), else per query
 #else
   const bool rows = false;
 #endif
@@ -253,6 +255,10 @@ void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int 
 #if defined(__x86_64__)
       if (attention_rows_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
                               rl.data(), tile))
+        continue;
+#elif defined(__aarch64__)
+      if (attention_rows_neon(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
+                              rl.data()))
         continue;
 #endif
     }

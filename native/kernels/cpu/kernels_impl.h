@@ -110,6 +110,10 @@ void gemm_w8a8_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int l
 void silu_mul_row_neon(const float* a, const float* b, int n, float* y);
 void attention_segment_neon(const KvView& kv, int g, const float* q, int G, int t0, int t1,
                             float scale, float* o, float* m, float* l, float* tile);
+// Page-sharing rows of one segment over f32 pages in place, flash style (attention_prefill_neon.cpp;
+// bit for bit attention_segment_neon per row): false for other views, D or blocks (block % 4, <= 64).
+bool attention_rows_neon(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
+                         float scale, float* const* o, float* const* m, float* const* l);
 #endif
 
 }  // namespace kvdeck::cpu

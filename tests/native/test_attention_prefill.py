@@ -1,0 +1,92 @@
+"""Prefill attention: many new queries over a cached prefix (attention_queries: the rows kernel
+of attention_prefill_avx2.cpp, the prefill tail of every cached agent call).
+
+The kernel shares each K / V row among a task's rows (queries x the G query heads of a KV head)
+and keeps the online softmax per page; checked here against float64 on the values the pool
+stores, bit for bit against decode steps over the same pages (the arithmetic it promises to
+repeat), and bit for bit across thread counts. Shapes cover D 32 / 64 / 96 / 128, G 1 / 3 / 4 /
+8, tails crossing the 256-key segment edges and ending mid-page, a chunk starting at position 0
+(its own causal triangle only), and row counts that leave padding in the last row block.
+The neon version is checked the same way under qemu (native/tests/kernel_check_neon.cpp).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine import _native
+
+TOL = 2e-5  # |out - float64| / max|v|, as tests/native/test_attention.py
+SHAPES = [(9, 3, 64), (8, 2, 128), (6, 2, 96), (4, 4, 32), (8, 1, 64)]  # (q heads, KV heads, D)
+
+
+def _stored(x: np.ndarray, kv: str) -> np.ndarray:
+    """The values a pool of format kv holds for f32 rows x [ctx, nkv, D] (float64)."""
+    if kv == "f16":
+        return x.astype(np.float16).astype(np.float64)
+    if kv == "nvfp4":
+        return _native.kv_nvfp4_roundtrip(x.reshape(-1, x.shape[-1]))[1].reshape(x.shape).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def _oracle(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np.ndarray:
+    """float64 causal GQA attention: q [M, nh*D] at positions p0.., k, v [ctx, nkv, D]."""
+    M, (ctx, nkv, D) = q.shape[0], k.shape
+    nh = q.shape[1] // D
+    out = np.empty((M, nh * D))
+    for h in range(nh):
+        g = h // (nh // nkv)
+        s = q[:, h * D:(h + 1) * D].astype(np.float64) @ k[:, g].T / np.sqrt(D)
+        s[np.arange(ctx)[None, :] > p0 + np.arange(M)[:, None]] = -np.inf
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, h * D:(h + 1) * D] = (w / w.sum(axis=1, keepdims=True)) @ v[:, g]
+    return out
+
+
+def _inputs(seed: int, p0: int, M: int, nh: int, nkv: int, D: int):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32) * 1.5
+    v = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    q = rng.standard_normal((M, nh * D)).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("p0,M", [(0, 40), (490, 37), (1000, 19)])
+def test_prefill_matches_float64(kv, shape, p0, M):
+    """The tail's output against float64 on the stored K / V (nvfp4: the decoded values)."""
+    nh, nkv, D = shape
+    q, k, v = _inputs(p0 + 13 * M + D, p0, M, nh, nkv, D)
+    out = _native.BackendOps("cpu", 2).attention(q, k, v, p0, kv)
+    want = _oracle(q, _stored(k, kv), _stored(v, kv), p0)
+    err = np.abs(out - want).max() / np.abs(v).max()
+    assert err <= TOL, f"{kv} {shape} p0={p0} M={M}: {err:.2e} of max|v|"
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_prefill_rows_equal_decode_bitwise(kv, shape):
+    """Each tail query's output equals a decode step over the same pages, bit for bit (the
+    promise that lets a cached call's tail and a cold prefill give the same logits)."""
+    nh, nkv, D = shape
+    p0, M = 250, 29  # queries on both sides of the 256-key edge; the last page partly filled
+    q, k, v = _inputs(7 + D, p0, M, nh, nkv, D)
+    ops = _native.BackendOps("cpu", 1)
+    full = ops.attention(q, k, v, p0, kv)
+    bad = []
+    for i in range(M):
+        c = p0 + i + 1
+        step = ops.attention(q[i:i + 1], k[:c], v[:c], p0 + i, kv)[0]
+        if not np.array_equal(step, full[i]):
+            bad.append(i)
+    assert not bad, f"{kv} {shape}: queries {bad} differ from decode"
+
+
+@pytest.mark.parametrize("kv", ["f16", "nvfp4"])
+def test_prefill_threads_agree_bitwise(kv):
+    """The tail over 1,300 cached tokens on 1 and 2 threads (tasks claimed in another order)."""
+    q, k, v = _inputs(3, 1300, 70, 9, 3, 64)
+    a = _native.BackendOps("cpu", 1).attention(q, k, v, 1300, kv)
+    b = _native.BackendOps("cpu", 2).attention(q, k, v, 1300, kv)
+    assert np.array_equal(a, b)
