@@ -117,6 +117,8 @@ bool neon_active();               // the active set is neon: attention / SiLU ro
 void gemm_dense_neon(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1);
 void w4a8_mins_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_w8a8_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// 16-bit activations: W4A8 (file layout, group 32k) and W8A8 with sdot / udot (gemm_a16_neon.cpp).
+void gemm_a16_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // silu_mul_row and attention_segment (ops_cpu.h) on NEON (activation_neon.cpp, attention_neon.cpp;
 // D in {32, 64, 96, 128} and block <= 256, otherwise the reference).
 void silu_mul_row_neon(const float* a, const float* b, int n, float* y);
