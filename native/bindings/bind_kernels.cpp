@@ -145,10 +145,13 @@ py::array_t<float> py_gemm(const std::string& dtype, py::array data, const Arr<f
       break;
     }
   }
-  // layout "nvfp4_x4": data and scales are already in the Nvfp4X4 layout (repack_nvfp4_x4).
-  require(layout == "file" || (layout == "nvfp4_x4" && w.dtype == DType::NVFP4),
-          "layout must be 'file', or 'nvfp4_x4' for nvfp4 weights; got " + layout);
+  // layout "nvfp4_x4": data and scales are already in the Nvfp4X4 layout (repack_nvfp4_x4);
+  // "q4_1_x8": w4a8 + mins codes in the Q41X8 layout (repack_q4_1_x8).
+  require(layout == "file" || (layout == "nvfp4_x4" && w.dtype == DType::NVFP4) ||
+              (layout == "q4_1_x8" && w.dtype == DType::W4A8 && w.mins && w.group == kQ8Block),
+          "layout must be 'file', 'nvfp4_x4' for nvfp4 weights or 'q4_1_x8' for w4a8 with mins; got " + layout);
   if (layout == "nvfp4_x4") w.layout = WeightLayout::Nvfp4X4;
+  if (layout == "q4_1_x8") w.layout = WeightLayout::Q41X8;
   const int n1 = n1_opt.value_or(N), ldy = ldy_opt.value_or(N);
   require(0 <= n0 && n0 <= n1 && n1 <= N, "need 0 <= n0 <= n1 <= N");
   require(ldy >= n1, "ldy must be >= n1");
@@ -240,6 +243,23 @@ void bind_kernels(py::module_& m) {
           return py::make_tuple(c, s);
         }, py::arg("codes"), py::arg("scales"),
         "NVFP4 file layout -> the Nvfp4X4 layout (kernels.h): (codes, scales) of the same shapes.");
+  k.def("repack_q4_1_x8", [](const Arr<uint8_t>& codes) {
+          require(codes.ndim() == 2 && codes.shape(1) * 2 % kQuantPad == 0,
+                  "w4a8 codes u8 [N, Kp/2] with Kp a multiple of 32");
+          const int N = int(codes.shape(0)), Kp = int(codes.shape(1)) * 2;
+          py::array_t<uint8_t> c({N, Kp / 2});
+          repack_q4_1_x8(codes.data(), N, Kp, c.mutable_data());
+          return c;
+        }, py::arg("codes"),
+        "GGUF Q4_1 (w4a8 + mins) codes, file layout -> the Q41X8 layout (kernels.h), same shape.");
+  k.def("preferred_layout_a16", [](const std::string& dtype, bool mins) {
+          WeightView w;
+          w.dtype = parse_dtype(dtype);
+          static const uint16_t one = 0x3C00;
+          w.mins = mins ? &one : nullptr;
+          return preferred_layout_a16(w) == WeightLayout::Q41X8 ? std::string("q4_1_x8") : std::string("file");
+        }, py::arg("dtype"), py::arg("mins") = true,
+        "The layout the active kernel set repacks weights of this dtype into at load on activations a16.");
   k.def("preferred_layout", [](const std::string& dtype) {
           WeightView w;
           w.dtype = parse_dtype(dtype);

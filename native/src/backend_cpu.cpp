@@ -72,6 +72,12 @@ class CpuBackend final : public Backend {
   // the file layout as it is). Kernels read the view's layout tag, so switching the kernel
   // ISA afterwards stays correct. KVDECK_NVFP4_REPACK=0 keeps the file layout (for A/B runs).
   void prepare_weight(WeightView& w) override {
+    if (act_bits_ == 16 && repack_q41_ && w.layout == WeightLayout::File &&
+        preferred_layout_a16(w) == WeightLayout::Q41X8) {  // GGUF Q4_1 on a16: codes in place
+      repack_q4_1_x8(static_cast<const uint8_t*>(w.data), w.N, w.Kp, static_cast<uint8_t*>(const_cast<void*>(w.data)));
+      w.layout = WeightLayout::Q41X8;
+      return;
+    }
     if (!repack_nvfp4_ || w.dtype != DType::NVFP4 || w.layout != WeightLayout::File) return;
     if (preferred_layout(w) != WeightLayout::Nvfp4X4) return;
     // The engine's upload of this tensor is host memory this backend allocated (alloc()).
@@ -80,6 +86,8 @@ class CpuBackend final : public Backend {
                     static_cast<uint8_t*>(const_cast<void*>(w.scales)));
     w.layout = WeightLayout::Nvfp4X4;
   }
+
+  void set_activation_bits(int bits) override { act_bits_ = bits; }
 
   void quantize_input(const float* x, int M, int K, QuantScratch& q) override {
     q.act.M = M;
@@ -325,6 +333,12 @@ class CpuBackend final : public Backend {
     const char* s = std::getenv("KVDECK_ATTN_TILE");
     const int v = s && *s ? std::atoi(s) : cpu::kAttnQueryTile;
     return std::clamp(v, 1, 64);
+  }();
+  int act_bits_ = 8;
+  // KVDECK_Q41_REPACK=0 keeps GGUF Q4_1 in the file layout on a16 (for A/B runs).
+  bool repack_q41_ = [] {
+    const char* s = std::getenv("KVDECK_Q41_REPACK");
+    return !(s && std::strcmp(s, "0") == 0);
   }();
   bool repack_nvfp4_ = [] {
     const char* s = std::getenv("KVDECK_NVFP4_REPACK");

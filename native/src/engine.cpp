@@ -186,6 +186,7 @@ void Engine::set_weights(ModelWeights w) {
     }
   }
   // The backend's chance to repack each linear (the embedding stays a row table).
+  backend_->set_activation_bits(options_.act_bits);
   backend_->prepare_weight(w.lm_head);
   for (LayerWeights& L : w.layers)
     for (WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) backend_->prepare_weight(*v);

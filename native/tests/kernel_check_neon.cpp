@@ -3,7 +3,8 @@
 //
 // Stated bounds (all checked, every output):
 //   * integer formats (NVFP4 over all non-NaN scale codes, W4A8 groups 32/64/row-wise/16,
-//     W4A8 + mins, W8A8) and activation quantisation: bit for bit;
+//     W4A8 + mins, W8A8; on 16-bit activations W4A8 32/64 (+ mins) and W8A8) and activation
+//     quantisation: bit for bit;
 //   * F32 / F16 GEMM: |neon - exact| <= gamma_K * sum|x*w| and |neon - scalar| <= 2 gamma_K
 //     * sum|x*w| (gamma_K = K u / (1 - K u), u = 2^-24: any summation order, Higham 3.1);
 //   * attention (f32 / f16 / nvfp4 KV): |neon - scalar| <= 4e-6 * max|v| per output, and
@@ -157,6 +158,34 @@ void check_integer_gemm() {
       g_check(bad == 0, std::string("neon gemm ") + dtype_name(f.t) + (f.t == DType::W4A8 ? " group " + std::to_string(f.group) : "") +
                             (f.mins ? " + mins" : "") + " M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) +
                             " K=" + std::to_string(sh.K) + ": " + std::to_string(bad) + " outputs differ from scalar in bits");
+    }
+  }
+}
+
+// 16-bit activations (gemm_a16_neon.cpp): W4A8 group 32 / 64 (+ mins) and W8A8, bit for bit.
+void check_a16_gemm() {
+  struct Shape { int M, N, K, n0; };
+  const Shape shapes[] = {{1, 11, 576, 0}, {5, 9, 96, 1}, {4, 4, 32, 0}, {6, 6, 1536, 0}};
+  for (const Shape& sh : shapes) {
+    const int Kp = round_up(sh.K, 32);
+    const std::vector<float> x = activations(sh.M, sh.K);
+    Act a(sh.M, sh.K);
+    std::vector<int16_t> q16(size_t(sh.M) * Kp);
+    a.a.q16 = q16.data();
+    with("scalar", [&] { quantize_act_q8(x.data(), sh.M, sh.K, a.a); });
+    struct Fmt { DType t; int group; bool mins; };
+    std::vector<Fmt> fmts = {{DType::W8A8, 32, false}, {DType::W4A8, 32, false}, {DType::W4A8, 32, true}};
+    if (Kp % 64 == 0) fmts.push_back({DType::W4A8, 64, false});
+    for (const Fmt& f : fmts) {
+      const QWeight q = make_weight(f.t, sh.N, sh.K, f.group, f.mins);
+      const int ldy = sh.N + 1;
+      std::vector<float> ys(size_t(sh.M) * ldy, -7.0f), yn = ys;
+      with("scalar", [&] { gemm(q.w, x.data(), &a.a, sh.M, ys.data(), ldy, sh.n0, sh.N); });
+      with("neon", [&] { gemm(q.w, x.data(), &a.a, sh.M, yn.data(), ldy, sh.n0, sh.N); });
+      const int bad = bits_differ(ys, yn);
+      g_check(bad == 0, std::string("neon a16 gemm ") + dtype_name(f.t) + (f.t == DType::W4A8 ? " group " + std::to_string(f.group) : "") +
+                            (f.mins ? " + mins" : "") + " M=" + std::to_string(sh.M) + " K=" + std::to_string(sh.K) + ": " +
+                            std::to_string(bad) + " outputs differ from scalar in bits");
     }
   }
 }
@@ -431,6 +460,7 @@ bool check_neon_vs_scalar(CheckFn check) {
   g_check = check;
   check_quantize();
   check_integer_gemm();
+  check_a16_gemm();
   check_dense_gemm();
   check_silu();
   check_attention();

@@ -148,6 +148,10 @@ class Backend {
   // frees, or in place in the view's buffers) and rewrite the view. The CPU backend repacks
   // NVFP4 in place into WeightLayout::Nvfp4X4 when its active kernel set prefers it (kernels.h).
   virtual void prepare_weight(WeightView& w) { (void)w; }
+  // The engine's activation bits (8 or 16), told before the first prepare_weight: the CPU
+  // backend repacks GGUF Q4_1 weights into WeightLayout::Q41X8 when they will run on 16-bit
+  // activations (kernels.h preferred_layout_a16).
+  virtual void set_activation_bits(int bits) { (void)bits; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);

@@ -27,7 +27,14 @@ namespace kvdeck {
 //     row). Group g's scales start at byte 4g * Kp/16: per chunk, each row's scale bytes of
 //     the chunk's 16-blocks in order. A negative scale byte is stored as its magnitude with
 //     the sign moved into the block's codes (code ^ 8), which is exact.
-enum class WeightLayout : int32_t { File = 0, Nvfp4X4 = 1 };
+//   Q41X8   : GGUF Q4_1 (W4A8 group 32 with mins) codes repacked at load for the 16-bit-activation
+//             kernels (repack_q4_1_x8; read by activations a16 only, gemm() refuses it with 8-bit
+//             ones); scales and mins stay as in the file. Per row, in place, the same Kp/2 bytes:
+//             K in chunks of eight 32-blocks (128 code bytes), then the nb % 8 remaining blocks
+//             in file order. In chunk c, byte 32v + 4j + k (v, k < 4; j < 8) = file code byte
+//             4v + k of block 8c + j, so int32 lane j of each of the four 32-byte vectors belongs
+//             to block 8c + j (one float step per eight blocks).
+enum class WeightLayout : int32_t { File = 0, Nvfp4X4 = 1, Q41X8 = 2 };
 
 // A linear layer's weight W [N, K] (N outputs, K inputs) in one of the DType formats.
 // Non-owning view; see formats.h for the layout of each format.
@@ -76,6 +83,13 @@ WeightLayout preferred_layout(const WeightView& w);
 // (in place) or distinct ones of the same sizes (codes [N*Kp/2], scales [N*Kp/16] bytes).
 void repack_nvfp4_x4(const uint8_t* codes, const uint8_t* scales, int N, int Kp, uint8_t* codes_out,
                      uint8_t* scales_out);
+
+// GGUF Q4_1 codes (W4A8 + mins, group 32) file layout -> Q41X8 (see WeightLayout); out may be
+// codes (in place) or a distinct buffer of N * Kp/2 bytes.
+void repack_q4_1_x8(const uint8_t* codes, int N, int Kp, uint8_t* codes_out);
+// The layout prepare_weight gives a W4A8 + mins weight that runs on 16-bit activations (Q41X8
+// where the active set has a kernel for it: avx2 and avx512vnni; File otherwise).
+WeightLayout preferred_layout_a16(const WeightView& w);
 
 const char* kernel_isa();                 // "avx512vnni" | "avx2" | "scalar"
 bool set_kernel_isa(const char* name);    // false if the CPU cannot run it

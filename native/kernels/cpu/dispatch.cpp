@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <stdexcept>
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMD
@@ -107,6 +108,11 @@ WeightLayout preferred_layout(const WeightView& w) {
   return w.dtype == DType::NVFP4 ? cpu::active_kernels().nvfp4_layout : WeightLayout::File;
 }
 
+WeightLayout preferred_layout_a16(const WeightView& w) {
+  const bool q41 = w.dtype == DType::W4A8 && w.mins && w.group == kQ8Block;
+  return q41 ? cpu::active_kernels().q41_a16_layout : WeightLayout::File;
+}
+
 void quantize_act_q8(const float* x, int M, int K, ActQ8& out) {
   const cpu::KernelSet* k = active().load(std::memory_order_relaxed);
   if (out.q16)  // 16-bit activations (gemm_a16.cpp)
@@ -123,6 +129,8 @@ void gemm(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y,
     (k->gemm_a16 ? k->gemm_a16 : cpu::gemm_a16_scalar)(w, *xq, M, y, ldy, n0, n1);
     return;
   }
+  if (w.layout == WeightLayout::Q41X8)  // repacked for 16-bit activations (repack_q4_1_x8)
+    throw std::invalid_argument("gemm: GGUF Q4_1 weights repacked for activations a16 (layout Q41X8) need 16-bit activations");
   if (w.layout == WeightLayout::Nvfp4X4) {  // repacked at load (repack_nvfp4_x4)
     (k->gemm_nvfp4_x4 ? k->gemm_nvfp4_x4 : cpu::gemm_nvfp4_x4_scalar)(w, *xq, M, y, ldy, n0, n1);
     return;

@@ -13,8 +13,11 @@
 //     with mins     y += d_a[b] * (scale * float(t) + min * float(s[b]))
 //   W8A8:           y += d_a[b] * scale[b] * float(sum(q_w * q16))
 //   Bounds: |t| <= 15 * 32767 * 32 < 2^24; |W8A8 sum| <= 128 * 32767 * 32 < 2^31.
+// W4A8 + mins may be in the Q41X8 layout (kernels.h; repack_q4_1_x8 here): the reference reads
+// each code byte where the repack moved it.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -44,8 +47,33 @@ void quantize_act_q16_scalar(const float* x /*[M,K]*/, int M, int K, ActQ8& out)
   }
 }
 
+// ============================================================================
+// The Q41X8 layout (kernels.h): repack and the byte a file offset moved to
+// ============================================================================
+void repack_q4_1_x8_rows(const uint8_t* codes, int N, int Kp, uint8_t* out) {
+  const int nb = Kp / kQ8Block, C = nb / kX8Blocks;
+  for (int n = 0; n < N; ++n) {
+    const uint8_t* r = codes + size_t(n) * (Kp / 2);  // [Kp/2]
+    uint8_t* o = out + size_t(n) * (Kp / 2);
+    for (int c = 0; c < C; ++c) {
+      uint8_t tmp[kX8ChunkBytes];
+      for (int i = 0; i < kX8ChunkBytes; ++i) tmp[i] = r[c * kX8ChunkBytes + x8_file_byte(i)];
+      std::memcpy(o + c * kX8ChunkBytes, tmp, kX8ChunkBytes);
+    }
+    if (o != r) std::memcpy(o + C * kX8ChunkBytes, r + C * kX8ChunkBytes, size_t(Kp / 2 - C * kX8ChunkBytes));
+  }
+}
+
+// Where file code byte i (< 16) of block b of a row lies in the row's Q41X8 bytes.
+inline int x8_offset(int b, int i, int C) {
+  if (b >= C * kX8Blocks) return b * 16 + i;  // the tail keeps the file order
+  const int j = b % kX8Blocks;
+  return b / kX8Blocks * kX8ChunkBytes + 32 * (i / 4) + 4 * j + i % 4;
+}
+
 void check_a16_weight(const WeightView& w) {
-  const bool ok = (w.dtype == DType::W4A8 && w.group % kQ8Block == 0 && w.layout == WeightLayout::File) ||
+  const bool x8 = w.layout == WeightLayout::Q41X8 && w.dtype == DType::W4A8 && w.group == kQ8Block && w.mins;
+  const bool ok = (w.dtype == DType::W4A8 && w.group % kQ8Block == 0 && w.layout == WeightLayout::File) || x8 ||
                   w.dtype == DType::W8A8;
   if (!ok)
     throw std::invalid_argument(std::string("activations a16: weights of format ") + dtype_name(w.dtype) +
@@ -58,6 +86,8 @@ void gemm_a16_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int 
   const auto* scales = static_cast<const uint16_t*>(w.scales);  // f16 [N, Kp/group]
   const auto* mins = static_cast<const uint16_t*>(w.mins);      // f16 [N, nb] or null
   const int ng = w.dtype == DType::W4A8 ? Kp / w.group : nb;
+  const bool x8 = w.layout == WeightLayout::Q41X8;
+  const int C = nb / kX8Blocks;
   for (int n = n0; n < n1; ++n)
     for (int m = 0; m < M; ++m) {
       const int16_t* qa = xq.q16 + size_t(m) * Kp;  // [Kp]
@@ -68,9 +98,11 @@ void gemm_a16_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int 
           const int8_t* wr = static_cast<const int8_t*>(w.data) + size_t(n) * Kp + b * kQ8Block;
           for (int i = 0; i < kQ8Block; ++i) t += int(wr[i]) * qa[b * kQ8Block + i];
         } else {
-          const uint8_t* cr = static_cast<const uint8_t*>(w.data) + size_t(n) * (Kp / 2) + b * 16;
-          for (int i = 0; i < 16; ++i)
-            t += int(cr[i] & 0xF) * qa[b * 32 + 2 * i] + int(cr[i] >> 4) * qa[b * 32 + 2 * i + 1];
+          const uint8_t* cr = static_cast<const uint8_t*>(w.data) + size_t(n) * (Kp / 2);
+          for (int i = 0; i < 16; ++i) {
+            const uint8_t c = cr[x8 ? x8_offset(b, i, C) : b * 16 + i];
+            t += int(c & 0xF) * qa[b * 32 + 2 * i] + int(c >> 4) * qa[b * 32 + 2 * i + 1];
+          }
         }
         const float da = xq.d[size_t(m) * nb + b];
         const int32_t s = xq.s[size_t(m) * nb + b];
@@ -87,3 +119,9 @@ void gemm_a16_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int 
 }
 
 }  // namespace kvdeck::cpu
+
+namespace kvdeck {
+void repack_q4_1_x8(const uint8_t* codes, int N, int Kp, uint8_t* codes_out) {
+  cpu::repack_q4_1_x8_rows(codes, N, Kp, codes_out);
+}
+}  // namespace kvdeck

@@ -297,7 +297,9 @@ void gemm_w8a16(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, 
 
 void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   check_a16_weight(w);
-  if (w.dtype == DType::W8A8)
+  if (w.layout == WeightLayout::Q41X8)  // GGUF Q4_1 repacked at load (gemm_a16_x8_avx2.cpp)
+    gemm_q41x8_a16_avx2(w, xq, M, y, ldy, n0, n1);
+  else if (w.dtype == DType::W8A8)
     gemm_w8a16(w, xq, M, y, ldy, n0, n1);
   else if (w.group != kQ8Block)
     gemm_a16_scalar(w, xq, M, y, ldy, n0, n1);

@@ -383,7 +383,7 @@ void gemm_avx2(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
 const KernelSet& avx2_kernels() {
   static const KernelSet k{"avx2", quantize_act_q8_avx2, gemm_avx2, w4a8_mins_avx2, gemm_w8a8_avx2,
                            gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true,
-                           quantize_act_q16_avx2, gemm_a16_avx2};
+                           quantize_act_q16_avx2, gemm_a16_avx2, WeightLayout::Q41X8};
   return k;
 }
 

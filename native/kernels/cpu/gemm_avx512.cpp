@@ -334,7 +334,7 @@ const KernelSet& avx512_kernels() {
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
                            gemm_nvfp4_x4_avx2, WeightLayout::File, /*gemm_fuses_mins=*/false,
                            // 16-bit activations: the AVX2 kernels (no AVX-512 one could be run here)
-                           quantize_act_q16_avx2, gemm_a16_avx2};
+                           quantize_act_q16_avx2, gemm_a16_avx2, WeightLayout::Q41X8};
   return k;
 }
 

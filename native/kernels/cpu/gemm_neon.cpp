@@ -279,7 +279,9 @@ void gemm_neon(const WeightView& w, const float* x, const ActQ8* xq, int M, floa
 }  // namespace
 
 const KernelSet& neon_kernels() {
-  static const KernelSet k{"neon", quantize_act_q8_neon, gemm_neon, w4a8_mins_neon, gemm_w8a8_neon};
+  static const KernelSet k{"neon", quantize_act_q8_neon, gemm_neon, w4a8_mins_neon, gemm_w8a8_neon,
+                           nullptr, WeightLayout::File, /*gemm_fuses_mins=*/false,
+                           nullptr, gemm_a16_neon};  // a16: the scalar quantiser, gemm_a16_neon.cpp
   return k;
 }
 

@@ -33,13 +33,23 @@ struct KernelSet {
   // multiple of 32, mins fused) / W8A8 product on them. Null: the scalar reference.
   void (*quantize_act_q16)(const float* x /*[M,K]*/, int M, int K, ActQ8& out) = nullptr;
   void (*gemm_a16)(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) = nullptr;
+  // The layout prepare_weight gives GGUF Q4_1 weights on 16-bit activations (kernels.h
+  // preferred_layout_a16): Q41X8 where gemm_a16 has a kernel for it.
+  WeightLayout q41_a16_layout = WeightLayout::File;
 };
 
 // ---- 16-bit activations (gemm_a16.cpp: the contract and the scalar reference) ---------
 constexpr float kA16Max = 32767.0f;
 void quantize_act_q16_scalar(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 void gemm_a16_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
-// std::invalid_argument unless w has an a16 kernel (W4A8 group % 32 == 0 file layout, W8A8).
+// The Q41X8 layout (kernels.h): a chunk of eight 32-blocks is 128 code bytes; chunk byte i
+// holds file byte x8_file_byte(i) of the chunk (block i / 4 % 8, byte 4 (i / 32) + i % 4).
+constexpr int kX8Blocks = 8;
+constexpr int kX8ChunkBytes = 128;
+constexpr int x8_file_byte(int i) { return 16 * (i / 4 % 8) + 4 * (i / 32) + i % 4; }
+void repack_q4_1_x8_rows(const uint8_t* codes, int N, int Kp, uint8_t* out);
+// std::invalid_argument unless w has an a16 kernel (W4A8 group % 32 == 0 file layout, W4A8 +
+// mins group 32 in Q41X8, W8A8).
 void check_a16_weight(const WeightView& w);
 
 const KernelSet& scalar_kernels();
@@ -75,6 +85,8 @@ void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, i
 // 16-bit activations (gemm_a16_avx2.cpp; the AVX-512 set uses them too).
 void quantize_act_q16_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// W4A8 + mins (GGUF Q4_1) in the Q41X8 layout on 16-bit activations (gemm_a16_x8_avx2.cpp).
+void gemm_q41x8_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 #endif
 // The scalar Nvfp4X4 reader (gemm_repack.cpp): gemm_nvfp4's float operations in its order, so
 // bit-identical to the scalar kernel on the file layout.
@@ -105,6 +117,8 @@ bool neon_active();               // the active set is neon: attention / SiLU ro
 void gemm_dense_neon(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1);
 void w4a8_mins_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_w8a8_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// 16-bit activations: W4A8 (file layout, group 32k) and W8A8 with sdot / udot (gemm_a16_neon.cpp).
+void gemm_a16_neon(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // silu_mul_row and attention_segment (ops_cpu.h) on NEON (activation_neon.cpp, attention_neon.cpp;
 // D in {32, 64, 96, 128} and block <= 256, otherwise the reference).
 void silu_mul_row_neon(const float* a, const float* b, int n, float* y);
