@@ -13,32 +13,21 @@ the same kernels on a GPU. Skipped without g++ or the CUDA headers.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from cuda_emu_helpers import cuda_home
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cuda_home() -> Path | None:
-    for base in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
-        if (Path(base) / "include" / "cuda_fp16.h").exists() and (Path(base) / "lib64" / "libcudart_static.a").exists():
-            return Path(base)
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        base = Path(nvcc).resolve().parents[1]
-        if (base / "include" / "cuda_fp16.h").exists() and (base / "lib64" / "libcudart_static.a").exists():
-            return base
-    return None
-
 
 @pytest.fixture(scope="module")
 def emu_run(tmp_path_factory) -> str:
-    cuda, gxx = _cuda_home(), shutil.which("g++")
+    cuda, gxx = cuda_home(), shutil.which("g++")
     if cuda is None or gxx is None:
         pytest.skip("needs g++ and the CUDA headers / libcudart_static")
     exe = tmp_path_factory.mktemp("emu") / "attn_emu"
