@@ -15,40 +15,10 @@ import numpy as np
 import pytest
 
 from app.engine import _native
+from test_attention import _causal_oracle, _inputs, _stored  # the float64 oracle and inputs of the decode tests
 
 TOL = 2e-5  # |out - float64| / max|v|, as tests/native/test_attention.py
 SHAPES = [(9, 3, 64), (8, 2, 128), (6, 2, 96), (4, 4, 32), (8, 1, 64)]  # (q heads, KV heads, D)
-
-
-def _stored(x: np.ndarray, kv: str) -> np.ndarray:
-    """The values a pool of format kv holds for f32 rows x [ctx, nkv, D] (float64)."""
-    if kv == "f16":
-        return x.astype(np.float16).astype(np.float64)
-    if kv == "nvfp4":
-        return _native.kv_nvfp4_roundtrip(x.reshape(-1, x.shape[-1]))[1].reshape(x.shape).astype(np.float64)
-    return x.astype(np.float64)
-
-
-def _oracle(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np.ndarray:
-    """float64 causal GQA attention: q [M, nh*D] at positions p0.., k, v [ctx, nkv, D]."""
-    M, (ctx, nkv, D) = q.shape[0], k.shape
-    nh = q.shape[1] // D
-    out = np.empty((M, nh * D))
-    for h in range(nh):
-        g = h // (nh // nkv)
-        s = q[:, h * D:(h + 1) * D].astype(np.float64) @ k[:, g].T / np.sqrt(D)
-        s[np.arange(ctx)[None, :] > p0 + np.arange(M)[:, None]] = -np.inf
-        w = np.exp(s - s.max(axis=1, keepdims=True))
-        out[:, h * D:(h + 1) * D] = (w / w.sum(axis=1, keepdims=True)) @ v[:, g]
-    return out
-
-
-def _inputs(seed: int, p0: int, M: int, nh: int, nkv: int, D: int):
-    rng = np.random.default_rng(seed)
-    k = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32) * 1.5
-    v = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
-    q = rng.standard_normal((M, nh * D)).astype(np.float32)
-    return q, k, v
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
@@ -59,7 +29,7 @@ def test_prefill_matches_float64(kv, shape, p0, M):
     nh, nkv, D = shape
     q, k, v = _inputs(p0 + 13 * M + D, p0, M, nh, nkv, D)
     out = _native.BackendOps("cpu", 2).attention(q, k, v, p0, kv)
-    want = _oracle(q, _stored(k, kv), _stored(v, kv), p0)
+    want = _causal_oracle(q, _stored(k, kv), _stored(v, kv), p0)
     err = np.abs(out - want).max() / np.abs(v).max()
     assert err <= TOL, f"{kv} {shape} p0={p0} M={M}: {err:.2e} of max|v|"
 
