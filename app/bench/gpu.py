@@ -126,16 +126,12 @@ def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
     times: dict[str, list[float]] = {arm: [] for arm in PREFILL_ARMS}
     for r in range(reps + 1):
         for arm, env in PREFILL_ARMS.items():
-            os.environ.update(env)
-            try:
+            with gpu_model.switches(env):
                 s = eng.open_sequence(0)
                 t0 = time.perf_counter()
                 eng.forward_greedy(s, ids, None)
                 dt = time.perf_counter() - t0
                 eng.close_sequence(s)
-            finally:
-                for k in env:
-                    os.environ.pop(k, None)
             if r:
                 times[arm].append(dt)  # the first of each is a warm-up
     return {arm: n / statistics.median(t) for arm, t in times.items()}
@@ -146,23 +142,16 @@ LLAMA_CPP_PP512_8B = 10634  # tok/s, llama-bench pp512 fa on, Q4_0, same H200 (/
 
 def prefill_gemv_chunks(model: str, reps: int, **kw) -> float:
     """Prefill tok/s (512) with M > 8 matmuls as batch-8 GEMV chunks: the A/B of the tensor-core GEMM."""
-    os.environ["KVDECK_CUDA_MMA"] = "0"
-    try:
+    with gpu_model.switches({"KVDECK_CUDA_MMA": "0"}):
         eng = gpu_model.build(model, "nvfp4", "f16" if model.startswith("smollm2") else "nvfp4", "cuda", **kw)
-    finally:
-        os.environ.pop("KVDECK_CUDA_MMA")
     return prefill_tps(eng, 512, reps)
 
 
 def ab_decode_us(env: dict, args: tuple, kw: dict, ctx: int, reps: int, steps: int = 64) -> float:
     """decode_us of an engine built (and its step recorded) under the opt-in switches env: the
     backend and the kernels read them when the backend is created (kernels_cuda.h)."""
-    os.environ.update(env)
-    try:
+    with gpu_model.switches(env):
         eng = gpu_model.build(*args, **kw)
-    finally:
-        for k in env:
-            os.environ.pop(k)
     try:
         return decode_us(eng, ctx, steps, reps)
     finally:
@@ -184,9 +173,8 @@ def smollm2(reps: int, out: dict) -> None:
         print(f"  smollm2 nvfp4/w8a8, {kv:5} KV: decode {r['decode_us_64']:7.1f} µs/token @64, "
               f"{r['decode_us_1024']:7.1f} @1024, {r['decode_us_64_logits']:7.1f} @64 with logits download; "
               f"prefill {r['prefill_tps_512']:8.0f} tok/s (512)", flush=True)
-    os.environ["KVDECK_CUDA_GRAPH"] = "0"
-    eng = gpu_model.build("smollm2-135m", "nvfp4", "f16", "cuda", tensors=t, max_context=4096)
-    os.environ.pop("KVDECK_CUDA_GRAPH")
+    with gpu_model.switches({"KVDECK_CUDA_GRAPH": "0"}):
+        eng = gpu_model.build("smollm2-135m", "nvfp4", "f16", "cuda", tensors=t, max_context=4096)
     eager = decode_us(eng, 64, 64, reps)
     del eng
     print(f"  smollm2 f16 KV without CUDA graphs: decode {eager:7.1f} µs/token @64", flush=True)

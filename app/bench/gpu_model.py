@@ -11,6 +11,9 @@ checked on identical bytes.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 
 from app.engine import _native
@@ -83,6 +86,22 @@ def random_tensors(shape: str, weights: str, head: str | None = "w8a8", layers: 
             for k, v in _linear(rng, weights, N, K).items():
                 t[p + name + k] = v
     return t, head is None
+
+
+@contextlib.contextmanager
+def switches(env: dict[str, str]):
+    """The CUDA backend's environment switches (kernels_cuda.h) set for the block, as they were
+    after it: the backend reads most of them when it is created, some at every launch."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def build(shape: str, weights: str, kv: str, device: str, *, head: str | None = "w8a8", layers: int | None = None,

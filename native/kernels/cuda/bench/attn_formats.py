@@ -20,9 +20,9 @@ passes over layers. Launch-inclusive (each layer is 2-3 launches), so the kernel
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+from app.bench import gpu_model
 from app.engine import _native
 
 def kv_bytes(kv: str, D: int) -> int:
@@ -33,16 +33,8 @@ def kv_bytes(kv: str, D: int) -> int:
 
 def backend(**env: str):
     """A CUDA backend created under `env` (the kernel switches are read at creation)."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with gpu_model.switches(env):
         return _native.BackendOps("cuda", 0)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def prefill(a) -> int:

@@ -11,7 +11,6 @@ the repetitions.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from app.bench import gpu_model
@@ -21,16 +20,8 @@ ARMS = {"default": {}, "paged": {"KVDECK_CUDA_ATTN_PREFILL": "paged", "KVDECK_CU
 
 
 def _build(env: dict, *args, **kw):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with gpu_model.switches(env):  # read at backend creation
         return gpu_model.build(*args, **kw)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def prefill(model: str, kv: str, reps: int, **kw) -> None:

@@ -14,7 +14,6 @@ after 16 tokens, with the roofline of app/bench/gpu.py (weights + KV bytes over 
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -30,16 +29,8 @@ BIG = [("defaults", {}),
 
 
 def build(env: dict, *args, **kw):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with gpu_model.switches(env):  # read at backend creation
         return gpu_model.build(*args, **kw)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None, after=None) -> dict:
@@ -49,13 +40,10 @@ def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None, a
     for label, env in variants:
         eng = build(env, *make[0], **make[1])
         s = eng.open_sequence(0)
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # the eager step and the capture run under the switches too
-        tok = eng.forward_greedy(s, np.random.default_rng(1).integers(100, 30000, ctx).astype(np.int32), None)
-        for _ in range(3):
-            tok = eng.forward_greedy(s, np.array([tok], np.int32), None)
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        with gpu_model.switches(env):  # the eager step and the capture run under the switches too
+            tok = eng.forward_greedy(s, np.random.default_rng(1).integers(100, 30000, ctx).astype(np.int32), None)
+            for _ in range(3):
+                tok = eng.forward_greedy(s, np.array([tok], np.int32), None)
         runs.append([label, eng, s, tok, []])
     for _ in range(reps):
         for r in runs:
