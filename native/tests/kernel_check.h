@@ -4,7 +4,8 @@
 //   kernel_check.cpp            reporting, codecs, activation quantisation, main()
 //   kernel_check_gemm.cpp       every GEMM format and the repacked NVFP4 layout
 //   kernel_check_attention.cpp  row ops, NVFP4 KV rows, attention (decode, prefill, fresh rows)
-//   kernel_check_neon.cpp       the neon set against the scalar set
+//   kernel_check_neon.cpp       the neon set against the scalar set (its attention checks in
+//                               kernel_check_neon_attention.cpp; shared helpers kernel_check_neon.h)
 #pragma once
 #include <cmath>
 #include <cstdint>
