@@ -90,7 +90,25 @@ def test_attention_over_pages(ops, M, p0, kv, tol):
     q = rng.standard_normal((M, nkv * G * D)).astype(np.float32)
     k = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
     v = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    if ops.name != "cpu" and kv == "f32" and M > 8:
+        # The CUDA prefill kernel runs on the tensor cores: K, V and P enter the mma as f16 (q as
+        # f16 hi + lo), so f32 pages get f16 pages' bound there; its decode stays f32. The f32 SIMT
+        # kernel (KVDECK_CUDA_ATTN_PREFILL=paged) keeps f32's bound: test_f32_prefill_paged_exact.
+        tol = 2e-3
     _close(ops.attention(q, k, v, p0, kv), _attention_ref(q, k, v, p0), tol)
+
+
+@pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend in this build")
+def test_f32_prefill_paged_exact(monkeypatch):
+    """KVDECK_CUDA_ATTN_PREFILL=paged: the f32 SIMT prefill kernel, f32 pages at f32's bound."""
+    monkeypatch.setenv("KVDECK_CUDA_ATTN_PREFILL", "paged")
+    ops = _native.BackendOps("cuda", 0)
+    M, p0, nkv, G, D = 40, 300, 2, 3, 64
+    rng = np.random.default_rng(M * 100003 + p0)
+    q = rng.standard_normal((M, nkv * G * D)).astype(np.float32)
+    k = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    v = rng.standard_normal((p0 + M, nkv, D)).astype(np.float32)
+    _close(ops.attention(q, k, v, p0, "f32"), _attention_ref(q, k, v, p0), 1e-5)
 
 
 @pytest.mark.skipif(len(BACKENDS) < 2, reason="only the CPU backend is built")
