@@ -30,16 +30,22 @@ namespace {
 // sl2 * q[h] . f.k[g] in f32 from its unrounded row, value row f.v[g] (g = h / G).
 // q8.q (D % 32 == 0): warp 0, which holds the block's 32 outputs one per lane, quantises them
 // as quantize_act_q8_kernel does (a warp max and an integer warp sum: no work repeated, no
-// barrier), and the block triggers its dependents after its wait (the o GEMV launches and
+// barrier). trigger: the block triggers its dependents after its wait (the o GEMV launches and
 // loads its first weights while the combine runs, as it did behind the q8 kernel this
-// replaces). Without q8.q no trigger (the next kernel, quantize_act_q8, starts at the end).
+// replaces); see combine_trigger for when.
 constexpr int kCombineThreads = 256;
 
-// KVDECK_CUDA_COMBINE_TRIGGER=0: the q8-writing combine without the early trigger (an A/B switch
-// for decode_ab.py; read at every launch, so a graph records what its capture ran under).
-bool combine_trigger() {
+// Whether the q8-writing combine triggers the o GEMV early, for an o input of K = n_heads * D
+// values. Measured on the H200 (session 7, decode_ab.py, one call, interleaved): SmolLM2 (K 576,
+// an o GEMV of 144 blocks) 523.1 µs/token with the trigger against 548.8 without; the 8B (K
+// 4,096, 1,024 blocks) 1,954.9 with against 1,927.7 without. So short rows only (K <= 2,048: the
+// bound fitted to these two shapes, not measured between them). KVDECK_CUDA_COMBINE_TRIGGER=0 / 1
+// forces it off / on (A/B; read at every launch, so a graph records what its capture ran under).
+// Without q8 no trigger: the next kernel, quantize_act_q8, starts at the end, as before.
+bool combine_trigger(int K) {
   const char* e = std::getenv("KVDECK_CUDA_COMBINE_TRIGGER");
-  return !(e && e[0] == '0');
+  if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return K <= 2048;
 }
 
 __global__ void __launch_bounds__(kCombineThreads)
@@ -138,7 +144,7 @@ cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int spl
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && D % 32 != 0))
     return cudaErrorInvalidValue;
   return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
-                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger());
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger(n_heads * D));
 }
 }  // namespace detail
 

@@ -27,7 +27,7 @@ SMOL = [("defaults", {}),
         ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
 BIG = [("defaults", {}),
        ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
-       ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
+       ("COMBINE_TRIGGER=1 (q8 in the combine, early trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"})]
 
 
 def build(env: dict, *args, **kw):
