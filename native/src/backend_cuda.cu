@@ -3,16 +3,17 @@
 // Every op enqueues on the backend's stream and returns (download and sync wait). Shapes a
 // kernel does not support are refused with std::invalid_argument naming the op, before
 // anything is enqueued; CUDA errors raise std::runtime_error with CUDA's message.
-// Fusion and graphs: rmsnorm, add, silu_mul and rope are deferred one op and fused with the
-// op that consumes them, and decode steps (M = 1) run as a CUDA graph (positions, KV slots and
-// the page table are read from device memory, so one graph serves every step); the state and
-// its mechanics are in backend_cuda_state.h / .cu.
+// Fusion and graphs: rmsnorm, add, silu_mul, rope and the decode attention are deferred one op
+// and fused with the op that consumes them, and decode steps (M = 1) run as a CUDA graph
+// (positions, KV slots and the page table are read from device memory, so one graph serves
+// every step); the state and its mechanics are in backend_cuda_state.h / .cu.
 // A/B switches: KVDECK_CUDA_GRAPH=0 runs every step eagerly; KVDECK_CUDA_PDL=0 launches the GEMVs
 // without programmatic dependent launch; KVDECK_CUDA_MMA=0 runs prefill matmuls as batch-8 GEMV
 // chunks instead of the tensor-core GEMM; KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma
 // instead of the f16 mma) is read by gemm_mma.cu at every launch; KVDECK_CUDA_CTX_BUCKETS=0
 // records one decode step per kind instead of one per context bucket of its key with the
-// attention grids sized for the bucket (backend_cuda_state.h).
+// attention grids sized for the bucket (backend_cuda_state.h); KVDECK_CUDA_ATTN_Q8=0 quantises
+// the o projection's input in a kernel of its own instead of in the attention combine.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -109,6 +110,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       p_norm_ = {};
       flush();
       check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
+    } else if (p_attn_.out == x && M == 1 && K == p_attn_.nh * p_attn_.kv.D && Kp == K) {
+      const Attn a = p_attn_;  // the combine writes the q8 (attention_decode's q8)
+      p_attn_ = {};
+      flush();
+      launch_attention(a, {q.act.q, q.act.d, q.act.s});
     } else if (p_silu_.M && p_silu_.y == x && p_silu_.M == M && p_silu_.n == K) {
       const Silu u = p_silu_;
       p_silu_ = {};
@@ -197,7 +203,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     check(cuda::add_bias(x, b, M, n, ld, st_), "add_bias");
   }
   void rope(float* x, int M, int n_heads, int D, int ld, const int32_t* pos, const float* inv_freq) override {
-    if (p_add_.n || p_norm_.M || p_silu_.M || p_rope_.size() >= 2) flush();
+    if (p_add_.n || p_norm_.M || p_silu_.M || p_attn_.out || p_rope_.size() >= 2) flush();
     p_rope_.push_back({x, M, n_heads, D, ld, pos, inv_freq});
   }
   void kv_write(const KvPool& pool, int layer, const float* k, const float* v, int ld, const int32_t* slots,
@@ -277,12 +283,15 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = cuda::KvFormat(int(pool.dtype()));  // f32, f16, nvfp4, nvfp4r, k8v4
       float* ws = workspace(cuda::attn_workspace_floats(nh, pool_ctx, D));
-      if (fk)  // the pages hold pos[0] tokens before the step's own: pos is that count
-        return check(cuda::attention_decode(kv, q, nh, pos, max_ctx, scale, ws, out, st_, fk, fv, kr.pos, kr.inv),
-                     "attention_decode");
-      if (fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
-      check(cuda::attention_decode(kv, q, nh, ctx_, max_ctx, scale, ws, out, st_), "attention_decode");
-      return;
+      // fresh: the pages hold pos[0] tokens before the step's own, so pos is that count
+      const Attn a{kv, q, nh, fk ? pos : ctx_, max_ctx, scale, ws, out, fk, fv, fk ? kr.pos : nullptr,
+                   fk ? kr.inv : nullptr};
+      if (!fk && fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
+      if (attn_q8_) {
+        p_attn_ = a;  // an o projection's quantize_input of out takes its q8 from the combine
+        return;
+      }
+      return launch_attention(a, {});
     }
     if (kr.x)  // the chunk's own k, rotated in place as the CPU backend's rope leaves it
       check(cuda::rope(kr.x, M, nkv, D, ldkv, kr.pos, kr.inv, st_), "rope");

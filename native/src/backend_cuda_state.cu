@@ -52,6 +52,11 @@ CudaState::~CudaState() {
 // Deferred ops and the workspace
 // =====================================================================================
 void CudaState::flush() {
+  if (p_attn_.out) {  // deferred before any other pending op (their setters flush first, rope aside)
+    const Attn a = p_attn_;
+    p_attn_ = {};
+    launch_attention(a, {});
+  }
   if (p_add_.n) {
     const Add a = p_add_;
     p_add_ = {};
@@ -72,6 +77,12 @@ void CudaState::flush() {
     p_rope_.clear();
     for (const Rope& o : r) check(cuda::rope(o.x, o.M, o.nh, o.D, o.ld, o.pos, o.inv, st_), "rope");
   }
+}
+
+void CudaState::launch_attention(const Attn& a, const cuda::ActQ8Out& q8) {
+  check(cuda::attention_decode(a.kv, a.q, a.nh, a.ctx, a.max_ctx, a.scale, a.ws, a.out, st_, a.fk, a.fv, a.rope_pos,
+                               a.rope_inv, q8),
+        "attention_decode");
 }
 
 float* CudaState::workspace(size_t floats) {
@@ -170,7 +181,7 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear();
+  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear(), p_attn_ = {};
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

@@ -5,8 +5,9 @@
 //
 // Deferred ops: a small model's decode step is bound by kernel count, so rmsnorm, add, silu_mul
 // and rope are held one op and fused with the op that consumes them (add + rmsnorm +
-// quantize_input: one kernel; silu_mul + quantize_input; rope q + rope k + kv_write); every
-// other entry point calls flush() first, which launches what is pending on its own.
+// quantize_input: one kernel; silu_mul + quantize_input; rope q + rope k + kv_write), and so is
+// a decode attention (its combine kernel writes the q8 of a quantize_input of its output);
+// every other entry point calls flush() first, which launches what is pending on its own.
 // Graphs: the engine brackets a decode step with step_begin / step_end; the first step of a
 // kind runs eagerly (workspaces are allocated), the second is captured, later ones replay.
 #pragma once
@@ -59,7 +60,21 @@ class CudaState {
     const int32_t* pos = nullptr;
     const float* inv = nullptr;
   };
+  struct Attn {  // a decode attention (cuda::attention_decode's arguments)
+    cuda::PagedKv kv{};
+    const float* q = nullptr;
+    int nh = 0;
+    const int32_t* ctx = nullptr;
+    int max_ctx = 0;
+    float scale = 0;
+    float* ws = nullptr;
+    float* out = nullptr;
+    const float *fk = nullptr, *fv = nullptr;
+    const int32_t* rope_pos = nullptr;
+    const float* rope_inv = nullptr;
+  };
   void flush();  // launches every pending op on its own, in order
+  void launch_attention(const Attn& a, const cuda::ActQ8Out& q8);
 
   // The attention workspace, grown (outside a capture: the first step of a kind runs eagerly).
   float* workspace(size_t floats);
@@ -102,6 +117,11 @@ class CudaState {
   Norm p_norm_;
   Silu p_silu_;
   std::vector<Rope> p_rope_;
+  Attn p_attn_;
+  // The o projection's q8 written by the attention combine (one kernel a layer less): on by
+  // default; KVDECK_CUDA_ATTN_Q8=0 runs quantize_act_q8 after the combine (the A/B; NOTES.md
+  // session 7).
+  bool attn_q8_ = env_on("KVDECK_CUDA_ATTN_Q8", true);
 };
 
 }  // namespace kvdeck::cuda_backend

@@ -1,11 +1,13 @@
 """The CUDA backend's decode step as a CUDA graph (on a GPU): its kernel count and PDL.
 
-The captured decode step of a random SmolLM2-135M-shaped model (app/bench/gpu_model.py) runs 11
-kernels a layer (norm + q8, q/k/v, rope + KV write, attention split, combine, q8, o, add + norm
-+ q8, gate/up, silu + q8, down) plus the head, and every kernel-to-kernel edge of the captured
-graph is programmatic (PDL on every kernel of the step survived the stream capture). The GEMV
-epilogues, segment GEMVs and GEMVs quantising their own f32 input that ran fewer kernels a layer
-measured slower on the H200 and were removed (kernels/cuda/NOTES.md, session 6).
+The captured decode step of a random SmolLM2-135M-shaped model (app/bench/gpu_model.py) runs 10
+kernels a layer (norm + q8, q/k/v, rope + KV write, attention split, combine + o's q8, o, add +
+norm + q8, gate/up, silu + q8, down) plus the head, and every kernel-to-kernel edge of the
+captured graph is programmatic (PDL on every kernel of the step survived the stream capture).
+KVDECK_CUDA_ATTN_Q8=0 runs o's q8 as a kernel of its own (11 a layer) and gives the same logits
+bit for bit. The GEMV epilogues, segment GEMVs and GEMVs quantising their own f32 input that
+ran fewer kernels a layer measured slower on the H200 and were removed (kernels/cuda/NOTES.md,
+session 6).
 """
 
 from __future__ import annotations
@@ -22,23 +24,42 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif("cuda" not in _native.backend
 LAYERS = 30
 
 
-def test_captured_step_kernels_and_pdl_edges(monkeypatch, capfd):
+def _captured_step(monkeypatch, capfd, kv: str, env: dict[str, str]) -> tuple[int, int, int, list[np.ndarray]]:
+    """(kernels, edges, programmatic edges) of the captured decode step, and the logits of the
+    prefill and of the eager, captured and replayed decode steps."""
     from app.bench import gpu_model
 
     monkeypatch.setenv("KVDECK_CUDA_GRAPH_INFO", "1")  # read when the backend is created
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
     t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", LAYERS, seed=5)
-    eng = gpu_model.build("smollm2-135m", "nvfp4", "f16", "cuda", tensors=t, head="w8a8", layers=LAYERS)
+    eng = gpu_model.build("smollm2-135m", "nvfp4", kv, "cuda", tensors=t, head="w8a8", layers=LAYERS)
     capfd.readouterr()
     s = eng.open_sequence(0)
-    tok = eng.forward_greedy(s, np.arange(1, 17, dtype=np.int32), None)
-    for _ in range(3):  # eager, capture, replay
-        tok = eng.forward_greedy(s, np.array([tok], np.int32), None)
+    logits = [eng.forward(s, np.arange(1, 17, dtype=np.int32), False, None)]
+    for tok in (5, 77, 901, 12):  # eager, capture, replay, replay
+        logits.append(eng.forward(s, np.array([tok], np.int32), False, None))
     eng.close_sequence(s)
     err = capfd.readouterr().err
     m = re.findall(r"kvdeck cuda graph \d+: \d+ nodes, (\d+) kernels, (\d+) edges \((\d+) programmatic\)", err)
     assert m, err[-2000:]
     kernels, edges, prog = (int(v) for v in m[-1])
+    return kernels, edges, prog, logits
+
+
+def test_captured_step_kernels_and_pdl_edges(monkeypatch, capfd):
+    kernels, edges, prog, _ = _captured_step(monkeypatch, capfd, "f16", {})
     print(f"\ncaptured decode step: {kernels} kernels ({kernels / LAYERS:.1f} a layer); {prog} of {edges} edges "
           f"programmatic")
-    assert 10 * LAYERS <= kernels <= 11 * LAYERS + 5
+    assert 10 * LAYERS <= kernels <= 10 * LAYERS + 5
     assert prog == edges >= kernels - 1, (prog, edges, kernels)
+
+
+@pytest.mark.parametrize("kv", ["f16", "nvfp4"])  # the SIMT split kernel; the tensor-core one with the fresh token
+def test_combine_q8_equals_separate_kernel(monkeypatch, capfd, kv):
+    k1, _, p1, new = _captured_step(monkeypatch, capfd, kv, {})
+    k0, _, p0, old = _captured_step(monkeypatch, capfd, kv, {"KVDECK_CUDA_ATTN_Q8": "0"})
+    assert k0 - k1 == LAYERS, (k0, k1)
+    assert p1 >= k1 - 1, (p1, k1)
+    for a, b in zip(new, old):
+        np.testing.assert_array_equal(a, b)

@@ -257,7 +257,8 @@ cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, co
 cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                         const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                        const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr) {
+                        const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
+                        const ActQ8Out& q8 = {}) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
@@ -275,7 +276,7 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
-  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
+  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f, q8);
 }
 
 }  // namespace
@@ -283,16 +284,17 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k, const float* fresh_v,
-                             const int32_t* rope_pos, const float* rope_inv) {
+                             const int32_t* rope_pos, const float* rope_inv, const ActQ8Out& q8) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
+  if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): the 4-bit formats run fastest on the tensor cores
   // (attention_mma.cu; NVFP4 on this SIMT kernel took 57.6 µs at 32K against 33.0), f16 and
   // f32 pages (memory-bound) on the f32 SIMT kernel here
   if (kv.format == KvFormat::NVFP4 || kv.format == KvFormat::NVFP4R || kv.format == KvFormat::K8V4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
-                                        fresh_v, rope_pos, rope_inv);
+                                        fresh_v, rope_pos, rope_inv, q8);
   return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
-                     rope_inv);
+                     rope_inv, q8);
 }
 
 namespace detail {

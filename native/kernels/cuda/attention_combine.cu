@@ -1,7 +1,9 @@
 // attention_combine.cu — the split combine of the decode-attention kernels (attention.cu's SIMT
 // and attention_mma.cu's tensor-core split kernels write the same partials), with the optional
-// fresh token of Backend::attention_fresh. Contract: attention_impl.cuh (launch_attn_combine).
+// fresh token of Backend::attention_fresh and the optional q8 of its output (the o projection's
+// input). Contract: attention_impl.cuh (launch_attn_combine).
 #include <cstdint>
+#include <cstdlib>
 
 #include "attention_impl.cuh"
 #include "common.cuh"
@@ -26,15 +28,34 @@ namespace {
 // Fresh (f.k != null, Backend::attention_fresh): the splits covered the ctx_dev pooled tokens
 // and one more token, the decode step's own, joins as a term of its own: score
 // sl2 * q[h] . f.k[g] in f32 from its unrounded row, value row f.v[g] (g = h / G).
+// q8.q (D % 32 == 0): warp 0, which holds the block's 32 outputs one per lane, quantises them
+// as quantize_act_q8_kernel does (a warp max and an integer warp sum: no work repeated, no
+// barrier). trigger: the block triggers its dependents after its wait (the o GEMV launches and
+// loads its first weights while the combine runs, as it did behind the q8 kernel this
+// replaces); see combine_trigger for when.
 constexpr int kCombineThreads = 256;
+
+// Whether the q8-writing combine triggers the o GEMV early, for an o input of K = n_heads * D
+// values. Measured on the H200 (session 7, decode_ab.py, one call, interleaved): SmolLM2 (K 576,
+// an o GEMV of 144 blocks) 523.1 µs/token with the trigger against 548.8 without; the 8B (K
+// 4,096, 1,024 blocks) 1,954.9 with against 1,927.7 without. So short rows only (K <= 2,048: the
+// bound fitted to these two shapes, not measured between them). KVDECK_CUDA_COMBINE_TRIGGER=0 / 1
+// forces it off / on (A/B; read at every launch, so a graph records what its capture ran under).
+// Without q8 no trigger: the next kernel, quantize_act_q8, starts at the end, as before.
+bool combine_trigger(int K) {
+  const char* e = std::getenv("KVDECK_CUDA_COMBINE_TRIGGER");
+  if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return K <= 2048;
+}
 
 __global__ void __launch_bounds__(kCombineThreads)
 attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ctx_dev, int split,
-                    int n_splits, int D, float* __restrict__ out, AttnFresh f) {
+                    int n_splits, int D, float* __restrict__ out, AttnFresh f, ActQ8Out q8, bool trigger) {
   __shared__ float wgt[kMaxAttnSplits];
   __shared__ float red[kCombineThreads / 32][32];  // per warp
   __shared__ float stat[3];
   pdl_wait();
+  if (trigger) pdl_launch_dependents();
   const int h = blockIdx.x, d0 = blockIdx.y * 32, tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
   const int live = (*ctx_dev + split - 1) / split;
   const float* base = ws + size_t(h) * n_splits * (D + 2);
@@ -107,7 +128,9 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
     float t = f.k ? cf * f.v[size_t(fg) * D + d] : 0.0f;
 #pragma unroll
     for (int w = 0; w < kCombineThreads / 32; ++w) t += red[w][lane];
-    out[size_t(h) * D + d] = t / stat[1];
+    t /= stat[1];
+    out[size_t(h) * D + d] = t;
+    if (q8.q) quant_block(t, true, h * D + d, q8.q, q8.d, q8.s, (h * D + d0) / 32);  // D % 32 == 0: all lanes
   }
 }
 
@@ -115,10 +138,13 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
 
 namespace detail {
 cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
-                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh) {
+                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh,
+                                const ActQ8Out& q8) {
   static_assert(kMaxAttnSplits <= kCombineThreads, "one split per thread");
+  if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && D % 32 != 0))
+    return cudaErrorInvalidValue;
   return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
-                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh);
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger(n_heads * D));
 }
 }  // namespace detail
 

@@ -31,8 +31,10 @@ struct AttnFresh {
 };
 
 // Merge the splits' partials ws [n_heads, n_splits, D + 2] (the live ones: ceil(ctx_dev / split))
-// and, with fresh.k, the fresh token into out [n_heads, D].
+// and, with fresh.k, the fresh token into out [n_heads, D]; with q8.q also out's q8 (kernels_cuda.h
+// attention_decode).
 cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
-                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh = {});
+                                int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh = {},
+                                const ActQ8Out& q8 = {});
 
 }  // namespace kvdeck::cuda::detail

@@ -260,7 +260,7 @@ namespace detail {
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
-                                 const float* rope_inv) {
+                                 const float* rope_inv, const ActQ8Out& q8) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
@@ -281,7 +281,7 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
     return cudaErrorInvalidValue;
   if (err != cudaSuccess) return err;
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
-  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f);
+  return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f, q8);
 }
 
 }  // namespace detail

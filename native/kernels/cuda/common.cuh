@@ -119,6 +119,20 @@ __device__ __forceinline__ int warp_sum_int(int v) {
   return v;
 }
 
+// Quantise 32 values (one per lane) exactly as quantize_act_q8_kernel does (fused.cu's norm and
+// silu kernels, the attention combine).
+__device__ __forceinline__ void quant_block(float v, bool live, int k, int8_t* q, float* d, int32_t* s, int blk) {
+  const float amax = warp_max(fabsf(v));
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const int qi = live ? int(fmaxf(-127.0f, fminf(127.0f, rintf(v * id)))) : 0;
+  q[k] = int8_t(qi);
+  const int sum = warp_sum_int(qi);
+  if ((threadIdx.x & 31) == 0) {
+    d[blk] = amax / 127.0f;
+    s[blk] = sum;
+  }
+}
+
 // Programmatic dependent launch (sm_90+; no-ops below, and when not launched with PDL):
 // pdl_launch_dependents lets the next kernel in the stream start; pdl_wait blocks until the
 // previous kernel has completed and its writes are visible.

@@ -1,5 +1,6 @@
 // fused_impl.cuh — device code of the fused decode-step kernels (fused.cu): the q8 quantiser of
-// 32 values held one per lane or four per lane, and RoPE + KV-row encoding of one work item.
+// 32 values held four per lane (one per lane: common.cuh quant_block), and RoPE + KV-row
+// encoding of one work item.
 #pragma once
 #include <cstdint>
 
@@ -7,20 +8,7 @@
 
 namespace kvdeck::cuda::detail {
 
-// Quantise 32 values (one per lane) exactly as quantize_act_q8_kernel does.
-__device__ __forceinline__ void quant_block(float v, bool live, int k, int8_t* q, float* d, int32_t* s, int blk) {
-  const float amax = warp_max(fabsf(v));
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const int qi = live ? int(fmaxf(-127.0f, fminf(127.0f, rintf(v * id)))) : 0;
-  q[k] = int8_t(qi);
-  const int sum = warp_sum_int(qi);
-  if ((threadIdx.x & 31) == 0) {
-    d[blk] = amax / 127.0f;
-    s[blk] = sum;
-  }
-}
-
-// The same quantiser over 32 values held 4 per lane by 8 aligned lanes (lanes 8j .. 8j+7 of a
+// quant_block's quantiser over 32 values held 4 per lane by 8 aligned lanes (lanes 8j .. 8j+7 of a
 // warp hold one 32-block, values 4 * (lane % 8) ..): bit-identical q, d, s (max and integer
 // sum do not depend on order). v: values (0 where not live); k: index of v[0] in the row;
 // every lane calls it (shuffles), only k < Kp stores.

@@ -192,10 +192,19 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 //   (ctx - 1, i.e. pos[0]; it may be 0) and the fresh token is the ctx-th, merged by the
 //   combine kernel with its score in f32. rope_pos / rope_inv (optional): fresh_k is not yet
 //   rotated (rope_kv_write leaves k as it was): rotate-half at rope_pos[0] with inv_freq rope_inv.
+//   q8 (optional, all three pointers or none): out quantised as quantize_act_q8(out, 1,
+//   n_heads * D, n_heads * D, q8.q, q8.d, q8.s) would (bit-identical), by the combine kernel
+//   that finishes each 32-block: the o projection's input without a kernel of its own.
+struct ActQ8Out {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  int32_t* s = nullptr;
+};
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                             const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
+                             const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
+                             const ActQ8Out& q8 = {});
 
 namespace detail {
 // attention_decode's f32 SIMT kernel (f16 / f32 pages; what attention_decode runs for them).
@@ -208,7 +217,8 @@ cudaError_t attention_decode_simt(const PagedKv& kv, const float* q, int n_heads
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                                 const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
+                                 const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
+                                 const ActQ8Out& q8 = {});
 }  // namespace detail
 
 // =====================================================================================

@@ -23,9 +23,11 @@ import numpy as np
 from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
-        ("CTX_BUCKETS=0 (grids for the pool)", {"KVDECK_CUDA_CTX_BUCKETS": "0"})]
+        ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
+        ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
 BIG = [("defaults", {}),
-       ("CTX_BUCKETS=0 (session 5's step)", {"KVDECK_CUDA_CTX_BUCKETS": "0"})]
+       ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
+       ("COMBINE_TRIGGER=1 (q8 in the combine, early trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"})]
 
 
 def build(env: dict, *args, **kw):
@@ -60,7 +62,7 @@ def ab(name: str, variants, make, ctx: int, steps: int, reps: int, floor=None, a
         us = statistics.median(t)
         out[label] = us
         roof = f", {floor_us / us:.3f} of roofline" if floor_us else ""
-        print(f"  {name} {label:32s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs the first){roof}",
+        print(f"  {name} {label:48s} {us:8.1f} µs/token (min {min(t):7.1f}; x{base / us:5.3f} vs the first){roof}",
               flush=True)
         eng.close_sequence(s)
     if after:

@@ -2,7 +2,8 @@
 // attention_mma.cu) run on the CPU through emu.h, against a float64 softmax over the rows as the
 // CPU codecs decode them (kv_codec_cpu.cpp): prefill (f16 / NVFP4 / f32 / NVFP4R / K8V4 pages,
 // with and without the chunk's own rows unrounded, q hi + lo and q f16) and the decode split
-// kernel (NVFP4, NVFP4R, K8V4), with tails in rows, tokens and splits.
+// kernel (NVFP4, NVFP4R, K8V4), with tails in rows, tokens and splits, and the split combine
+// (attention_combine.cu) writing the o projection's q8.
 // Prints one PASS / FAIL line per check; exit status 0 only if all pass. Built and run by
 // tests/native/test_cuda_attention_emu.py (g++ -std=c++20, the CUDA headers, no GPU).
 #define KVDECK_CUDA_EMU 1
@@ -177,6 +178,32 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
   std::snprintf(name, sizeof name, "decode %s ctx=%d/%d h=%d/%d D=%d", names[static_cast<int>(F)], ctx,
                 max_ctx, nh, n_kv, D);
   report(name, rel_err(out, ref), bound);
+  // the combine kernel itself, writing the o projection's q8 too: out as the formula above (f32
+  // sums in another order), q / d / s exactly quantize_act_q8's of the out it wrote
+  const int K = nh * D;
+  std::vector<float> cout(K, NAN), qd(K / 32, NAN);
+  std::vector<int8_t> qq(K, 99);
+  std::vector<int32_t> qs(K / 32, -1);
+  const kc::ActQ8Out q8{qq.data(), qd.data(), qs.data()};
+  emu::launch(dim3(unsigned(nh), unsigned(D / 32)), kc::kCombineThreads, [&] {
+    kc::attn_combine_kernel(ws.data(), &ctx_dev, split, n_splits, D, cout.data(), kc::detail::AttnFresh{}, q8, true);
+  });
+  std::vector<double> formula(out.begin(), out.end());
+  size_t bad = 0;
+  for (int b = 0; b < K / 32; ++b) {  // kernels_cuda.h quantize_act_q8's contract
+    float amax = 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(cout[b * 32 + i]));
+    const float id = amax > 0.f ? 127.0f / amax : 0.f;
+    for (int i = 0; i < 32; ++i) {
+      const int qi = int(std::fmax(-127.0f, std::fmin(127.0f, std::rint(cout[b * 32 + i] * id))));
+      sum += qi, bad += qq[b * 32 + i] != qi;
+    }
+    bad += qd[b] != amax / 127.0f, bad += qs[b] != sum;
+  }
+  std::snprintf(name, sizeof name, "combine+q8 %s ctx=%d/%d h=%d/%d D=%d", names[static_cast<int>(F)], ctx,
+                max_ctx, nh, n_kv, D);
+  report(name, bad ? INFINITY : rel_err(cout, formula), 1e-5);
 }
 
 }  // namespace
