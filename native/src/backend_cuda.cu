@@ -130,7 +130,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (M > 8 && mma_ && is_integer(w.dtype)) {
       const int fmt = w.dtype == DType::NVFP4 ? 0 : w.dtype == DType::W4A8 ? 1 : 2;
       cudaError_t e = cuda::gemm_q8_mma(fmt, static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.group, w.N,
-                                        Kp, xq.act.q, xq.act.d, M, y, ldy, st_, a16(fmt, M, Kp));
+                                        Kp, xq.act.q, xq.act.d, M, y, ldy, st_);
       if (e == cudaSuccess && w.dtype == DType::W4A8 && w.mins)
         e = cuda::w4a8_mins_add(static_cast<const uint16_t*>(w.mins), static_cast<const uint16_t*>(w.scales), w.N,
                                 Kp, xq.act.d, xq.act.s, M, y, ldy, st_);
@@ -346,8 +346,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       g[i] = {static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.N, outs[i].y, outs[i].ldy};
     }
     const int fmt = w0.dtype == DType::NVFP4 ? 0 : w0.dtype == DType::W4A8 ? 1 : 2;
-    const cudaError_t e =
-        cuda::gemm_q8_mma_many(fmt, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, M, st_, a16(fmt, M, w0.Kp));
+    const cudaError_t e = cuda::gemm_q8_mma_many(fmt, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, M, st_);
     if (e == cudaErrorInvalidValue) {
       cudaGetLastError();
       return false;
@@ -389,23 +388,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   };
   std::unique_ptr<void, CudaFree> sample_ws_;  // device: Backend::sample's sort and sums
   size_t sample_bytes_ = 0;
-  std::unique_ptr<void, CudaFree> a16_ws_;  // device: an NVFP4 prefill GEMM's activations as f16 (gemm_mma.cu)
-  size_t a16_bytes_ = 0;
-  // The f16 activations' scratch of an M > 8 GEMM (NVFP4 weights only; null for the others).
-  void* a16(int fmt, int M, int Kp) {
-    if (fmt != 0) return nullptr;
-    const size_t need = cuda::gemm_a16_bytes(M, Kp);
-    if (need > a16_bytes_) {
-      no_capture("GEMM a16 workspace");
-      void* w = nullptr;
-      check(cudaStreamSynchronize(st_), "stream");
-      a16_ws_.reset();
-      check(cudaMalloc(&w, need), "cudaMalloc");
-      a16_ws_.reset(w);
-      a16_bytes_ = need;
-    }
-    return a16_ws_.get();
-  }
 };
 
 }  // namespace

@@ -54,12 +54,11 @@ using namespace gemm;
 namespace {
 
 // ================================ the kernel ================================
-// FMT 0 NVFP4 (int8 mma), 1 W4A8, 2 W8A8, 3 NVFP4 (f16 mma), 4 NVFP4 (f16 mma, f16 activations). For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
+// FMT 0 NVFP4 (int8 mma), 1 W4A8, 2 W8A8, 3 NVFP4 (f16 mma). For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
 template <int FMT, int BM, int BN, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args) {
   using C = Cfg<FMT, BM, BN>;
-  constexpr int MT = C::MT, A_LD = C::A_LD, B_LD = C::B_LD, B_ROW = C::B_ROW, SC = C::SC;
-  constexpr bool NV16 = FMT == 3 || FMT == 4;  // NVFP4 on the f16 mma
+  constexpr int MT = C::MT, B_LD = C::B_LD, B_ROW = C::B_ROW, SC = C::SC;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sA = smem;
   uint8_t* sB = smem + STAGES * C::A_BYTES;
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   for (int i = 1; i < MAXW; ++i)
     if (wi == i) codes = args.codes[i], scales = args.scales[i], tscale = args.tscale[i], y = args.y[i],
                  N = args.N[i], ldy = args.ldy[i], t0 = args.tile0[i];
-  const int8_t* __restrict__ xq = static_cast<const int8_t*>(args.xq);
+  const int8_t* __restrict__ xq = args.xq;
   const float* __restrict__ xd = args.xd;
   const int M = args.M, Kp = args.Kp, group = args.group;
 
@@ -93,14 +92,12 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   // ---- cp.async of one stage's activation and weight rows ----
   auto load = [&](int s, int buf) {
     const int k0 = s * BK;
-    constexpr int AC = FMT == 4 ? 8 : 4;  // 16-byte chunks per activation row and stage
 #pragma unroll
-    for (int i = 0; i < (BM * AC + THREADS - 1) / THREADS; ++i) {
-      const int idx = tid + i * THREADS, r = idx / AC, c = idx % AC;
-      if (BM * AC % THREADS == 0 || idx < BM * AC) {
-        // a tail stage's second block: loaded, not used
-        const int kk = FMT == 4 ? 2 * min(k0 + c * 8, Kp - 8) : min(k0 + c * 16, Kp - 16);  // bytes into the row
-        cp16(sA + buf * C::A_BYTES + r * A_LD + c * 16, xq + size_t(min(m0 + r, M - 1)) * Kp * (AC / 4) + kk);
+    for (int i = 0; i < (BM * 4 + THREADS - 1) / THREADS; ++i) {
+      const int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
+      if (BM * 4 % THREADS == 0 || idx < BM * 4) {
+        const int kk = min(k0 + c * 16, Kp - 16);  // a tail stage's second block: loaded, not used
+        cp16(sA + buf * C::A_BYTES + r * A_LD + c * 16, xq + size_t(min(m0 + r, M - 1)) * Kp + kk);
       }
     }
     constexpr int CH = B_ROW / 16;
@@ -119,7 +116,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   auto fetch = [&](int s) {
     if (tid < BN) {
       const int n = min(n0 + tid, N - 1);
-      if (FMT == 0 || NV16) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
+      if (FMT == 0 || FMT == 3) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
         const int ns = Kp / 16;
         const uint8_t* r = static_cast<const uint8_t*>(scales) + size_t(n) * ns;
         raw0 = __ldg(reinterpret_cast<const uint16_t*>(r + min(4 * s, ns - 2)));
@@ -139,7 +136,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   auto convert = [&](int buf) {
     float* S = sS + buf * C::S_FLOATS;
     if (tid < BN) {
-      if (NV16) {  // the e4m3 values as f16 (exact), both 16-blocks of a 32-block in one word
+      if (FMT == 3) {  // the e4m3 values as f16 (exact), both 16-blocks of a 32-block in one word
         uint32_t h[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -195,7 +192,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       if (it * 2 + kb >= nb) break;  // the tail stage's second block
-      if constexpr (NV16) {  // NVFP4 on f16 mma: e2m1 * e4m3 is exact in f16, so is q8; d_a per 32-block
+      if constexpr (FMT == 3) {  // NVFP4 on f16 mma: e2m1 * e4m3 is exact in f16, so is q8; d_a per 32-block
         uint32_t bf[4][4];  // per column tile: f16 weights (k 4t, 4t+1 | 4t+2, 4t+3) of 16-blocks 0, 1
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -212,20 +209,13 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint32_t a0[4], a1[4];  // f16 fragments of 16-blocks 0 and 1
+          uint32_t a8[4], a0[4], a1[4];  // int8 fragment; f16 fragments of 16-blocks 0 and 1
+          ldsm_x4(a8, A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
           // slot "k 2t, 2t+1" holds k 4t, 4t+1 and slot "2t+8, 2t+9" k 4t+2, 4t+3, as bf above
-          if constexpr (FMT == 4) {  // already f16 in that order (q8_to_a16): two ldmatrix
-            const uint8_t* ar = A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 64 + (lane >> 4) * 16;
-            ldsm_x4(a0, ar);
-            ldsm_x4(a1, ar + 32);
-          } else {
-            uint32_t a8[4];  // int8 fragment
-            ldsm_x4(a8, A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
-            i8x4_to_half2x2(a8[0], a0[0], a0[2]);
-            i8x4_to_half2x2(a8[1], a0[1], a0[3]);
-            i8x4_to_half2x2(a8[2], a1[0], a1[2]);
-            i8x4_to_half2x2(a8[3], a1[1], a1[3]);
-          }
+          i8x4_to_half2x2(a8[0], a0[0], a0[2]);
+          i8x4_to_half2x2(a8[1], a0[1], a0[3]);
+          i8x4_to_half2x2(a8[2], a1[0], a1[2]);
+          i8x4_to_half2x2(a8[3], a1[1], a1[3]);
           const float d0 = D[(rbase + mt * 16 + g) * 2 + kb], d1 = D[(rbase + mt * 16 + g + 8) * 2 + kb];
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
@@ -297,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   }
   cp_wait<0>();
   // ---- store: column pairs as float2 where the row stride and pointer allow ----
-  const float ts = FMT == 0 || NV16 ? tscale : 1.0f;
+  const float ts = FMT == 0 || FMT == 3 ? tscale : 1.0f;
   const bool pair = ((ldy | int(reinterpret_cast<uintptr_t>(y) >> 2)) & 1) == 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -314,22 +304,6 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
           if (n + 1 < N) o[1] = v1;
         }
       }
-}
-
-// q8 codes [M, Kp] -> f16 [M, Kp] for kernel format 4, each 16-block's values in the order the
-// f16 mma fragments above use (positions 2t, 2t+1 <- k 4t, 4t+1; 8+2t, 9+2t <- k 4t+2, 4t+3): one
-// thread per 16-block, two 16-byte stores.
-__global__ void __launch_bounds__(256) q8_to_a16_kernel(const uint4* __restrict__ xq, size_t n16, uint4* __restrict__ out) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n16) return;
-  const uint4 w = __ldg(xq + i);
-  uint4 lo, hi;
-  i8x4_to_half2x2(w.x, lo.x, hi.x);
-  i8x4_to_half2x2(w.y, lo.y, hi.y);
-  i8x4_to_half2x2(w.z, lo.z, hi.z);
-  i8x4_to_half2x2(w.w, lo.w, hi.w);
-  out[2 * i] = lo;
-  out[2 * i + 1] = hi;
 }
 
 // ================================ launch ================================
@@ -381,7 +355,7 @@ int pick_cfg(int fmt, int M, int tiles128) {
   if (M <= 64) return 1;
   const int b = (M + 127) / 128 * tiles128;
   if (10 * b >= 9 * sms && b <= sms) return 4;
-  if (b >= 4 * sms) return fmt >= 3 ? 0 : 4;
+  if (b >= 4 * sms) return fmt == 3 ? 0 : 4;
   return 1;
 }
 
@@ -390,7 +364,7 @@ int pick_cfg(int fmt, int M, int tiles128) {
 namespace detail {
 cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
                                const float* xd, int M, cudaStream_t stream) {
-  if (fmt < 0 || fmt > 4 || n < 1 || n > MAXW || M < 1 || Kp < 32 || Kp % 32 ||
+  if (fmt < 0 || fmt > 3 || n < 1 || n > MAXW || M < 1 || Kp < 32 || Kp % 32 ||
       (fmt == 1 && (group < 32 || group % 32 || Kp % group)) || reinterpret_cast<uintptr_t>(xq) % 16 || Kp % 16)
     return cudaErrorInvalidValue;
   Args a{};
@@ -417,42 +391,25 @@ cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, i
     case 0: return launch_cfg<0>(cfg, a, tile, stream);
     case 1: return launch_cfg<1>(cfg, a, tile, stream);
     case 2: return launch_cfg<2>(cfg, a, tile, stream);
-    case 3: return launch_cfg<3>(cfg, a, tile, stream);
-    default: return launch_cfg<4>(cfg, a, tile, stream);
+    default: return launch_cfg<3>(cfg, a, tile, stream);
   }
-}
-
-cudaError_t q8_to_a16(const int8_t* xq, int M, int Kp, void* a16, cudaStream_t stream) {
-  if (M < 1 || Kp < 16 || Kp % 16 || reinterpret_cast<uintptr_t>(xq) % 16 || reinterpret_cast<uintptr_t>(a16) % 16)
-    return cudaErrorInvalidValue;
-  const size_t n16 = size_t(M) * Kp / 16;
-  q8_to_a16_kernel<<<unsigned((n16 + 255) / 256), 256, 0, stream>>>(reinterpret_cast<const uint4*>(xq), n16,
-                                                                   static_cast<uint4*>(a16));
-  return cudaGetLastError();
 }
 }  // namespace detail
 
 cudaError_t gemm_q8_mma_many(int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
-                             const float* xd, int M, cudaStream_t stream, void* a16) {
-  // NVFP4 on the f16 mma by default: with a16, the activations made f16 once (q8_to_a16, kernel
-  // format 4), without it in every warp's registers (format 3; KVDECK_CUDA_GEMM_A16=0 selects it
-  // too); KVDECK_CUDA_GEMM_NVFP4=i8: on the int8 mma (format 0). Both read at every call, so one
-  // process can time each arm (bench gpu).
+                             const float* xd, int M, cudaStream_t stream) {
+  // NVFP4 on the f16 mma (kernel format 3) by default; KVDECK_CUDA_GEMM_NVFP4=i8: on the int8
+  // mma (format 0; read at every call, so one process can time both: bench gpu)
   if (fmt < 0 || fmt > 2) return cudaErrorInvalidValue;
-  if (fmt != 0) return detail::gemm_q8_mma_config(-1, fmt, w, n, group, Kp, xq, xd, M, stream);
   const char* nv = std::getenv("KVDECK_CUDA_GEMM_NVFP4");
-  if (nv && std::strcmp(nv, "i8") == 0) return detail::gemm_q8_mma_config(-1, 0, w, n, group, Kp, xq, xd, M, stream);
-  const char* a = std::getenv("KVDECK_CUDA_GEMM_A16");
-  if (!a16 || (a && std::strcmp(a, "0") == 0)) return detail::gemm_q8_mma_config(-1, 3, w, n, group, Kp, xq, xd, M, stream);
-  const cudaError_t e = detail::q8_to_a16(xq, M, Kp, a16, stream);
-  if (e != cudaSuccess) return e;
-  return detail::gemm_q8_mma_config(-1, 4, w, n, group, Kp, static_cast<const int8_t*>(a16), xd, M, stream);
+  const int kf = fmt == 0 && !(nv && std::strcmp(nv, "i8") == 0) ? 3 : fmt;
+  return detail::gemm_q8_mma_config(-1, kf, w, n, group, Kp, xq, xd, M, stream);
 }
 
 cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
-                        const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream, void* a16) {
+                        const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream) {
   const GemmQ8Weight w{codes, scales, tscale, N, y, ldy};
-  return gemm_q8_mma_many(fmt, &w, 1, group, Kp, xq, xd, M, stream, a16);
+  return gemm_q8_mma_many(fmt, &w, 1, group, Kp, xq, xd, M, stream);
 }
 
 }  // namespace kvdeck::cuda

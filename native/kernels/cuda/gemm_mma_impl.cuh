@@ -20,9 +20,10 @@ constexpr float kMagicF = 12582912.0f;
 
 // ---- launch arguments and tile shapes ----
 constexpr int BK = 64, STAGES = 4, THREADS = 256, MAXW = 4;
+constexpr int A_LD = BK + 16;                // bytes per activation row in shared memory (80)
 
 struct Args {
-  const void* xq;  // int8 q8 codes [M, Kp]; kernel format 4: their f16 copy in the a16 k order (q8_to_a16)
+  const int8_t* xq;
   const float* xd;
   int M, Kp, group, n;
   int tile0[MAXW + 1];  // weight i covers blockIdx.y in [tile0[i], tile0[i + 1])
@@ -34,15 +35,12 @@ struct Args {
   int ldy[MAXW];
 };
 
-// Kernel formats: 0 NVFP4 (int8 mma), 1 W4A8, 2 W8A8, 3 NVFP4 (f16 mma, q8 made f16 in registers),
-// 4 NVFP4 (f16 mma, activations already f16: q8_to_a16).
 template <int FMT, int BM, int BN>
 struct Cfg {
   static constexpr int WN = BN / 32, WM = 8 / WN, MT = BM / (16 * WM);
-  static constexpr int A_LD = FMT == 4 ? 2 * BK + 16 : BK + 16;  // bytes per activation row and stage (144 / 80)
   static constexpr int B_ROW = FMT == 2 ? BK : BK / 2;  // weight bytes per row and stage
   static constexpr int B_LD = B_ROW + 16;               // 80 (w8) or 48 (4-bit)
-  static constexpr int SC = FMT == 0 ? 4 : FMT >= 3 ? 1 : 2;  // 32-bit words per column and 32-block
+  static constexpr int SC = FMT == 0 ? 4 : FMT == 3 ? 1 : 2;  // 32-bit words per column and 32-block
   static constexpr int A_BYTES = BM * A_LD, B_BYTES = BN * B_LD;
   static constexpr int S_FLOATS = 2 * BN * SC, D_FLOATS = BM * 2;  // per buffer (2 buffers)
   static constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * 4 * (S_FLOATS + D_FLOATS);

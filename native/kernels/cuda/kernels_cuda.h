@@ -108,14 +108,9 @@ cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp,
 // NVFP4): the same results to f32 summation order. W4A8 minimums are not included (add
 // w4a8_mins_add). y: f32 [M, N], row stride ldy. Needs Kp % 32 == 0, W4A8 group a multiple
 // of 32 dividing Kp, codes and xq 16-byte aligned, scales 2-byte aligned; otherwise
-// cudaErrorInvalidValue. NVFP4 runs on the f16 mma (e2m1 x e4m3 and q8 exact in f16); a16
-// (16-byte aligned, gemm_a16_bytes(M, Kp) bytes of device scratch, or null) holds the
-// activations made f16 once for the launch instead of in every warp (KVDECK_CUDA_GEMM_A16=0:
-// not used; KVDECK_CUDA_GEMM_NVFP4=i8: NVFP4 on the int8 mma); other formats ignore it.
+// cudaErrorInvalidValue.
 cudaError_t gemm_q8_mma(int fmt, const uint8_t* codes, const void* scales, float tscale, int group, int N, int Kp,
-                        const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream,
-                        void* a16 = nullptr);
-inline size_t gemm_a16_bytes(int M, int Kp) { return size_t(M) * size_t(Kp) * 2; }
+                        const int8_t* xq, const float* xd, int M, float* y, int ldy, cudaStream_t stream);
 // Up to 4 weights of one format sharing Kp (and group) over the same activations in one launch
 // (q/k/v, gate/up): weight i writes y_i [M, N_i], row stride ldy_i.
 struct GemmQ8Weight {
@@ -127,17 +122,15 @@ struct GemmQ8Weight {
   int ldy;
 };
 cudaError_t gemm_q8_mma_many(int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
-                             const float* xd, int M, cudaStream_t stream, void* a16 = nullptr);
+                             const float* xd, int M, cudaStream_t stream);
 
 namespace detail {
 // gemm_q8_mma_many with a chosen tile shape (0: 128 x 128, 1: 64 x 128, 2: 128 x 64, 3: 32 x 128
 // tokens x outputs, two blocks per SM; 4: 128 x 128, one block per SM; -1 picks by shape as the
 // engine does) and kernel format (0 NVFP4 on the int8 mma, 1 W4A8, 2 W8A8, 3 NVFP4 on the f16
-// mma, 4 the same with xq the f16 copy q8_to_a16 made). For bench_gemm_mma's sweep only.
+// mma). For bench_gemm_mma's sweep only.
 cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
                                const float* xd, int M, cudaStream_t stream);
-// q8 codes [M, Kp] (Kp % 16 == 0) -> f16 [M, Kp] in kernel format 4's k order (gemm_mma.cu).
-cudaError_t q8_to_a16(const int8_t* xq, int M, int Kp, void* a16, cudaStream_t stream);
 // Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per
 // warp, U chunks per lane per step; pipelined: the next step's weights are loaded before this
 // step is computed. fmt 0 = NVFP4 dp4a, 1 = W4A8, 2 = NVFP4 with the two-lookup (positive /

@@ -10,8 +10,8 @@ per kernel name: launches, µs per prefill, µs per launch; then per op kind (ge
 norm+q8, rope+kv, silu+q8, other), the kernel sum, the GPU span and the wall time per prefill,
 and the wall time scaled to the full layer count (layers' share by kernel time, the head as is).
 KVDECK_CUDA_MMA=0 in the environment profiles the batch-8 GEMV chunks instead (A/B); `ab`
-profiles the same engine again with KVDECK_CUDA_GEMM_A16=0 (NVFP4's activations made f16 in
-every warp of the GEMM instead of once per launch; read at every launch).
+profiles the same engine again with KVDECK_CUDA_GEMM_NVFP4=i8 (NVFP4 on the int8 mma instead of
+the default f16 mma; read at every launch).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from app.bench import gpu_model
 
 REPS = 3
 LLAMA_CPP_PP512_8B = 10634  # tok/s, llama-bench pp512 fa on, Q4_0, same H200 (/work/shared/tools/llamacpp-peer)
-KINDS = (("gemm", ("gemm_q8", "gemv", "q8_to_a16")), ("attention", ("attention", "attn")), ("norm+q8", ("rmsnorm", "norm")),
+KINDS = (("gemm", ("gemm_q8", "gemv")), ("attention", ("attention", "attn")), ("norm+q8", ("rmsnorm", "norm")),
          ("rope+kv", ("rope", "kv_write")), ("silu+q8", ("silu",)), ("quantize", ("quantize",)))
 
 
@@ -54,10 +54,10 @@ def main() -> int:
                           head="nvfp4" if big else "w8a8", embed="f16" if big else "f32", max_chunk=max(512, M))
     report(eng, shape, full, layers, M)
     if "ab" in sys.argv[1:]:  # the same engine: the switch is read at every GEMM launch
-        os.environ["KVDECK_CUDA_GEMM_A16"] = "0"
-        print("[KVDECK_CUDA_GEMM_A16=0: NVFP4's activations made f16 in every warp]")
+        os.environ["KVDECK_CUDA_GEMM_NVFP4"] = "i8"
+        print("[KVDECK_CUDA_GEMM_NVFP4=i8: NVFP4 on the int8 mma]")
         report(eng, shape, full, layers, M)
-        os.environ.pop("KVDECK_CUDA_GEMM_A16")
+        os.environ.pop("KVDECK_CUDA_GEMM_NVFP4")
     return 0
 
 

@@ -6,11 +6,8 @@
 // re-reads each weight tile M/BM times from L2 anyway); NVFP4 on the f16 mma (kernel format 3,
 // the engine's default) against NVFP4 on the int8 mma (format 0, KVDECK_CUDA_GEMM_NVFP4=i8) in
 // the same run. (The session-3 kernel, gemm_mma_v1.cu, was deleted in session 6 after its last
-// A/B: NOTES.md.) NVFP4 with the activations made f16 once per launch (q8_to_a16 + kernel
-// format 4, the engine's default since session 7; its time includes the conversion) against
-// format 3 (made f16 in every warp). `sweep`: every tile configuration timed, not only the one
-// the engine picks; `chunks`: the GEMV chunks timed too; `nv`: the NVFP4 kernels only;
-// `nohead`: without lm_head. Build (from the repository root):
+// A/B: NOTES.md.) `sweep`: every tile configuration timed, not only the one the engine picks;
+// `chunks`: the GEMV chunks timed too. Build (from the repository root):
 //   nvcc -O3 -std=c++17 -arch=native -Inative/include -Inative -Inative/kernels/cuda \
 //     native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma*.cu \
 //     native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma
@@ -70,10 +67,8 @@ float time_us(F f) {
 
 int main(int argc, char** argv) {
   const int M = argc > 1 ? std::atoi(argv[1]) : 512;
-  bool sweep = false, chunks = false, nvonly = false, nohead = false;
-  for (int i = 2; i < argc; ++i)
-    sweep |= !std::strcmp(argv[i], "sweep"), chunks |= !std::strcmp(argv[i], "chunks"),
-        nvonly |= !std::strcmp(argv[i], "nv"), nohead |= !std::strcmp(argv[i], "nohead");
+  bool sweep = false, chunks = false;
+  for (int i = 2; i < argc; ++i) sweep |= !std::strcmp(argv[i], "sweep"), chunks |= !std::strcmp(argv[i], "chunks");
   struct Shape { const char* name; int K; int n; int N[3]; };
   const Shape shapes[] = {{"qkv", 4096, 3, {4096, 1024, 1024}}, {"o", 4096, 1, {4096}},
                           {"gate_up", 4096, 2, {14336, 14336}}, {"down", 14336, 1, {4096}},
@@ -81,14 +76,13 @@ int main(int argc, char** argv) {
   const char* cfg_name[5] = {"128x128", "64x128", "128x64", "32x128", "128x128/1"};
   std::mt19937 rng(7);
   int fails = 0;
-  double sum_new[5] = {0, 0, 0, 0, 0}, sum_peer[5] = {0, 0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
-  const char* fnames[5] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16", "nvfp4/a16"};
-  for (int fmt : {4, 3, 0, 1, 2}) {  // kernel formats: 4, 3 and 0 are NVFP4 (f16 mma: f16 / q8 activations; int8 mma)
-    const bool nv = fmt == 0 || fmt >= 3;
-    if (nvonly && !nv) continue;
+  double sum_new[4] = {0, 0, 0, 0}, sum_peer[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
+  const char* fnames[4] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16"};
+  for (int fmt : {3, 0, 1, 2}) {  // kernel formats: 3 and 0 are both NVFP4 (f16 / int8 mma)
+    const bool nv = fmt == 0 || fmt == 3;
     const int wf = nv ? 0 : fmt;  // the weight format
     for (const Shape& s : shapes) {
-      if ((wf == 2 || nohead) && s.N[0] > 28672) continue;
+      if (wf == 2 && s.N[0] > 28672) continue;
       int N = 0;
       for (int i = 0; i < s.n; ++i) N += s.N[i];
       const int K = s.K, nb = K / 32;
@@ -128,19 +122,9 @@ int main(int argc, char** argv) {
       GemmQ8Weight w[3];
       for (int i = 0, off = 0; i < s.n; off += s.N[i], ++i)  // slices of one [N, K] weight, outputs side by side
         w[i] = {dc + size_t(off) * row, ds + size_t(off) * srow * sbytes, 1.0f, s.N[i], y0 + off, N};
-      int8_t* da16 = nullptr;  // format 4's f16 activations
-      if (fmt == 4) CK(cudaMalloc(&da16, gemm_a16_bytes(M, K)));
-      auto run = [&](int cfg, int f) {
-        if (f == 4) {
-          CK(detail::q8_to_a16(dq, M, K, da16, 0));
-          CK(detail::gemm_q8_mma_config(cfg, 4, w, s.n, K, K, da16, dd, M, 0));
-        } else {
-          CK(detail::gemm_q8_mma_config(cfg, f, w, s.n, K, K, dq, dd, M, 0));
-        }
-      };
-      auto gemm = [&](int cfg) { run(cfg, fmt); };
-      const int peer = fmt == 4 ? 3 : fmt == 3 ? 0 : fmt == 0 ? 3 : -1;  // another NVFP4 kernel (engine's pick of tile)
-      auto other = [&] { run(-1, peer); };
+      auto gemm = [&](int cfg) { CK(detail::gemm_q8_mma_config(cfg, fmt, w, s.n, K, K, dq, dd, M, 0)); };
+      const int peer = fmt == 3 ? 0 : fmt == 0 ? 3 : -1;  // the other NVFP4 kernel (engine's pick of tile)
+      auto other = [&] { CK(detail::gemm_q8_mma_config(-1, peer, w, s.n, K, K, dq, dd, M, 0)); };
       auto gemv = [&] {
         for (int m0 = 0; m0 < M; m0 += 8) {
           const int R = std::min(8, M - m0);
@@ -200,7 +184,7 @@ int main(int argc, char** argv) {
         std::printf("\n");
       }
       std::fflush(stdout);
-      cudaFree(dc), cudaFree(ds), cudaFree(dq), cudaFree(dd), cudaFree(dsa), cudaFree(y0), cudaFree(y1), cudaFree(da16);
+      cudaFree(dc), cudaFree(ds), cudaFree(dq), cudaFree(dd), cudaFree(dsa), cudaFree(y0), cudaFree(y1);
     }
     std::printf("%s one layer's GEMMs at M=%d: %.1f us", fnames[fmt], M, sum_new[fmt]);
     if (sum_peer[fmt] > 0)
