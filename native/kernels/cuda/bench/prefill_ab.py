@@ -4,9 +4,9 @@
     python3 native/kernels/cuda/bench/prefill_ab.py [8b] [smollm2] [--reps R]
 
 8b: the 32-layer Llama-3-8B shape (nvfp4 layers and head, NVFP4 KV, codes drawn on the host
-as bench gpu does), the GEMM arms of app/bench/gpu.py prefill_ab on one engine (their switches
+as bench gpu does), the arms of app/bench/gpu.py prefill_ab on one engine (their switches
 are read at every launch), with the ratio to llama.cpp's pp512. smollm2: the SmolLM2-135M
-shape (nvfp4 layers, w8a8 head, f16 KV), the same GEMM arms, then prefill attention as q in
+shape (nvfp4 layers, w8a8 head, f16 KV), the same arms, then prefill attention as q in
 f16 only (KVDECK_CUDA_ATTN_PREFILL=mma16, read when a backend is created: a second engine on
 the same tensors) against the default q split into f16 hi + lo, alternated engine by engine.
 """
