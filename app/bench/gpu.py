@@ -114,14 +114,15 @@ def prefill_tps(eng, n: int, reps: int) -> float:
     return n / statistics.median(times)
 
 
-PREFILL_ARMS = {"new": {}, "i8": {"KVDECK_CUDA_GEMM_NVFP4": "i8"}}
+PREFILL_ARMS = {"new": {}, "rows=0": {"KVDECK_CUDA_PREFILL_ROWS": "0"}, "i8": {"KVDECK_CUDA_GEMM_NVFP4": "i8"}}
 
 
 def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
-    """Prefill tok/s (n tokens) per GEMM arm, interleaved rep by rep on the same engine (both
-    switch is read at every launch): "new" the default tensor-core GEMM (NVFP4 on the f16 mma),
-    "i8" NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8; both validated by bench_gemm_mma and
-    tests/cuda). Medians."""
+    """Prefill tok/s (n tokens) per arm, interleaved rep by rep on the same engine (the switches
+    are read at every launch): "new" the defaults (NVFP4 GEMM on the f16 mma), "rows=0" RoPE + KV
+    write and the q8 quantisation of M > 8 rows on the per-item / per-block kernels
+    (KVDECK_CUDA_PREFILL_ROWS=0, before session 7), "i8" NVFP4 on the int8 mma
+    (KVDECK_CUDA_GEMM_NVFP4=i8); all validated by bench_gemm_mma and tests/cuda. Medians."""
     ids = _ids(n, 2)
     times: dict[str, list[float]] = {arm: [] for arm in PREFILL_ARMS}
     for r in range(reps + 1):
@@ -212,6 +213,7 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
             r[f"roofline_fraction_{ctx}"] = floor / us
     ab = prefill_ab(eng, 512, max(2, reps // 2))
     r["prefill_tps_512"], r["prefill_tps_512_nvfp4_i8"] = ab["new"], ab["i8"]
+    r["prefill_tps_512_rows_off"] = ab["rows=0"]
     r["prefill_vs_llama_cpp"] = r["prefill_tps_512"] / LLAMA_CPP_PP512_8B
     del eng
     kw8 = dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")
@@ -229,7 +231,8 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
           f"{r['decode_us_16_no_buckets']:8.1f} µs/token @16", flush=True)
     print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512) = {r['prefill_vs_llama_cpp']:.2f}x llama.cpp "
           f"({LLAMA_CPP_PP512_8B} pp512, fa on); NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8, "
-          f"interleaved) {r['prefill_tps_512_nvfp4_i8']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "
+          f"interleaved) {r['prefill_tps_512_nvfp4_i8']:8.0f}; per-item RoPE + KV and per-block q8 kernels "
+          f"(KVDECK_CUDA_PREFILL_ROWS=0) {r['prefill_tps_512_rows_off']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "
           f"{r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
 
 

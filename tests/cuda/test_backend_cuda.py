@@ -121,6 +121,45 @@ def test_context_buckets_match_pool_sized_grids(kv, tol, monkeypatch):
     assert err < tol, err
 
 
+@pytest.mark.parametrize("M, K", [(70, 608), (130, 1000), (9, 4096)])
+def test_prefill_quantize_rows_equal_warp_kernel(gpu, M, K, monkeypatch):
+    """quantize_act_q8 for M > 8 four values a lane (gemv.cu, the default) against a warp per
+    32-block (KVDECK_CUDA_PREFILL_ROWS=0, read at every launch), through a W8A8 matmul (no
+    decode of its own): the same q, d, s, so the same bits; K 1000 pads to 1024."""
+    data, scales, tscale, _ = _weight("w8a8", 96, K)
+    x = (RNG.standard_normal((M, K)) * RNG.uniform(0.01, 30, (M, 1))).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block: d 0
+    got = gpu.matmul_q("w8a8", data, scales, K, tscale, x, None)
+    monkeypatch.setenv("KVDECK_CUDA_PREFILL_ROWS", "0")
+    want = gpu.matmul_q("w8a8", data, scales, K, tscale, x, None)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
+def test_prefill_rope_kv_rows_equal_item_kernel(kv, monkeypatch):
+    """RoPE + KV write of a prefill chunk (M > 8): one sine / cosine per angle for all heads
+    (fused.cu rope_kv_rows_kernel, the default) against one per item (KVDECK_CUDA_PREFILL_ROWS=0,
+    read at every launch), on a 2-layer SmolLM2-shaped model (9 q heads: a partial group of 8;
+    3 KV heads): every prefill row's logits and the decode steps that read the written pages,
+    bit for bit."""
+    from app.bench import gpu_model
+
+    t = gpu_model.random_tensors("smollm2-135m", "nvfp4", "w8a8", 2, seed=12)
+    eng = gpu_model.build("smollm2-135m", "nvfp4", kv, "cuda", tensors=t, layers=2, prefix_cache=False)
+    prompt = RNG.integers(0, 49152, 200).astype(np.int32)
+    feed = RNG.integers(0, 49152, 3).astype(np.int32)
+    out = {}
+    for off in ("1", "0"):
+        monkeypatch.setenv("KVDECK_CUDA_PREFILL_ROWS", off)
+        s = eng.open_sequence(0)
+        out[off] = [eng.forward(s, prompt, True, None)] + [eng.forward(s, feed[i:i + 1], False, None) for i in range(3)]
+        eng.close_sequence(s)
+    for a, b in zip(out["1"], out["0"]):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4", "nvfp4r", "k8v4"])
 def test_kv_write_bytes_equal_cpu_codec(cpu, gpu, kv):
     k = (RNG.standard_normal((37, 3, 64)) * RNG.uniform(0.01, 30, (37, 3, 1))).astype(np.float32)

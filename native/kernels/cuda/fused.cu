@@ -199,6 +199,69 @@ __global__ void rope_kv_write_kernel(const RopeKvArgs a) {
   kv_nvfp4_value(a, j, j < size_t(a.M) * a.nkv * 2 * a.D);
 }
 
+// RoPE + KV write of M > 8 rows (prefill). rope_kv_write_kernel's items each compute their own
+// sine and cosine: at 512 tokens of the Llama-3-8B shape 1.5 M sincosf (q pairs of 32 heads, K
+// values of 8) for 32 K distinct angles, 50 µs a layer under CUPTI (session 7 profile). Here an
+// item owns one angle: (row, pair i) rotating it in kRowsQHeads q heads, and (row, K or V,
+// column d) writing that column for every KV head (the NVFP4 encode by 16 aligned lanes, as
+// kv_nvfp4_value). The same values byte for byte: roped_sc / nvfp4_store_value, same formulas.
+constexpr int kRowsQHeads = 8;
+__host__ __device__ inline unsigned rope_rows_q_pad(const RopeKvArgs& a) {
+  return (unsigned(a.M) * unsigned((a.nh + kRowsQHeads - 1) / kRowsQHeads) * unsigned(a.D / 2) + 31) / 32 * 32;
+}
+__global__ void __launch_bounds__(128) rope_kv_rows_kernel(const RopeKvArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int D = a.D, half = D / 2, hg = (a.nh + kRowsQHeads - 1) / kRowsQHeads;
+  const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned nq = unsigned(a.M) * unsigned(hg) * unsigned(half), nq_pad = rope_rows_q_pad(a);
+  if (idx == 0 && a.ctx) a.ctx[0] = a.pos[0] + 1;
+  if (idx < nq_pad) {  // whole warps
+    if (idx >= nq) return;
+    const int i = int(idx % unsigned(half)), rg = int(idx / unsigned(half)), r = rg / hg, h0 = rg % hg * kRowsQHeads;
+    float sn, cs;
+    sincosf(float(a.pos[r]) * a.inv_freq[i], &sn, &cs);
+    float* xr = a.q + size_t(r) * a.ldq + i;
+#pragma unroll
+    for (int e = 0; e < kRowsQHeads; ++e) {
+      if (h0 + e >= a.nh) break;
+      float* xh = xr + size_t(h0 + e) * D;
+      const float x0 = __ldcg(xh), x1 = __ldcg(xh + half);
+      xh[0] = x0 * cs - x1 * sn;
+      xh[half] = x1 * cs + x0 * sn;
+    }
+    return;
+  }
+  const unsigned j = idx - nq_pad;
+  const bool live = j < unsigned(a.M) * 2u * unsigned(D);
+  const int d = int(j % unsigned(D)), t = int(j / unsigned(D) % 2u), m = live ? int(j / unsigned(D) / 2u) : 0;
+  float sn = 0.0f, cs = 1.0f;
+  if (live && t == 0) sincosf(float(a.pos[m]) * a.inv_freq[d < half ? d : d - half], &sn, &cs);
+  const int row_bytes = a.fmt == 0 ? 4 * D : a.fmt == 1 ? 2 * D : D / 2 + D / 16;
+  const float* x = (t ? a.v : a.k) + size_t(m) * a.ldk;
+  uint8_t* rows = live ? (t ? a.vb : a.kb) + size_t(a.slots[m]) * a.nkv * row_bytes : nullptr;
+  for (int g = 0; g < a.nkv; ++g) {  // warp-uniform: the NVFP4 encode shuffles
+    float v = 0.0f;
+    if (live) v = t ? __ldcg(x + size_t(g) * D + d) : roped_sc(x + size_t(g) * D, d, half, sn, cs);
+    uint8_t* row = live ? rows + size_t(g) * row_bytes : nullptr;
+    if (a.fmt == 2) {
+      nvfp4_store_value(v, row, d, D);
+    } else if (row) {
+      if (a.fmt == 0)
+        reinterpret_cast<float*>(row)[d] = v;
+      else
+        reinterpret_cast<__half*>(row)[d] = __float2half_rn(v);
+    }
+  }
+}
+
+// KVDECK_CUDA_PREFILL_ROWS=0: M > 8 rows on rope_kv_write_kernel too (read at every launch: the
+// A/B of session 7; gemv.cu's quantize_act_q8 reads it too).
+bool rope_rows_off() {
+  const char* e = std::getenv("KVDECK_CUDA_PREFILL_ROWS");
+  return e && e[0] == '0';
+}
+
 bool aligned16(const void* a, const void* b, const void* c, const void* d) {
   return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c) |
            reinterpret_cast<uintptr_t>(d)) & 15u) == 0;
@@ -253,6 +316,9 @@ cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const 
     return cudaErrorInvalidValue;
   const RopeKvArgs a{q, ldq, q ? n_heads : 0, k, v, ldk, n_kv, D, M, pos, inv_freq, format,
                      static_cast<uint8_t*>(k_pages), static_cast<uint8_t*>(v_pages), slots, ctx};
+  const size_t rows = size_t(rope_rows_q_pad(a)) + size_t(M) * 2 * D;
+  if (M > 8 && size_t(M) * (n_heads + kRowsQHeads) * D < (size_t(1) << 31) && !rope_rows_off())
+    return launch_kernel(rope_kv_rows_kernel, dim3(unsigned((rows + 127) / 128)), dim3(128), stream, true, a);
   const size_t total = format == 2 ? rope_q_pad(a) + size_t(M) * n_kv * 2 * D : rope_kv_items(a);
   return launch_kernel(rope_kv_write_kernel, dim3(unsigned((total + 127) / 128)), dim3(128), stream, true, a);
 }

@@ -43,13 +43,17 @@ __device__ __forceinline__ uint8_t to_e2m1(float f) {  // formats.cpp f32_to_e2m
   return uint8_t(sign | ((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f)));
 }
 
-// Rotated value d of a head x (rotate-half, as elementwise.cu's rope_kernel).
-__device__ __forceinline__ float roped(const float* x, int d, int half, float p, const float* inv_freq) {
+// Rotated value d of a head x (rotate-half, as elementwise.cu's rope_kernel); roped_sc with the
+// sine and cosine of its angle given (the rows kernel computes them once for all heads).
+__device__ __forceinline__ float roped_sc(const float* x, int d, int half, float sn, float cs) {
   const int i = d < half ? d : d - half;
-  float sn, cs;
-  sincosf(p * inv_freq[i], &sn, &cs);
   const float a = __ldcg(x + i), b = __ldcg(x + i + half);  // L2: another block may have written x
   return d < half ? a * cs - b * sn : b * cs + a * sn;
+}
+__device__ __forceinline__ float roped(const float* x, int d, int half, float p, const float* inv_freq) {
+  float sn, cs;
+  sincosf(p * inv_freq[d < half ? d : d - half], &sn, &cs);
+  return roped_sc(x, d, half, sn, cs);
 }
 
 struct RopeKvArgs {
@@ -133,16 +137,9 @@ __device__ __forceinline__ void rope_kv_item(const RopeKvArgs& a, size_t idx) {
 // t) * D + d (t 0: K roped, 1: V), so 16 aligned lanes hold one 16-value block; the block's
 // amax by shuffles, then the same E4M3 scale and E2M1 codes as rope_kv_item's per-block loop
 // (kv_nvfp4_encode_row), byte for byte. Every lane of the warp calls it (live: j in range).
-__device__ __forceinline__ void kv_nvfp4_value(const RopeKvArgs& a, size_t j, bool live) {
-  const int D = a.D, d = int(j % D), t = int(j / D % 2), g = int(j / D / 2 % a.nkv), m = int(j / D / 2 / a.nkv);
-  float v = 0.0f;
-  size_t dst = 0;
-  if (live) {
-    const float* kr = a.k + size_t(m) * a.ldk + size_t(g) * D;
-    const float* vr = a.v + size_t(m) * a.ldk + size_t(g) * D;
-    v = t ? __ldcg(vr + d) : roped(kr, d, D / 2, float(a.pos[m]), a.inv_freq);
-    dst = (size_t(a.slots[m]) * a.nkv + g) * (D / 2 + D / 16);
-  }
+// nvfp4_store_value is that encode and store of one value v at column d of a row (row: null where
+// the lane is not live), also used by fused.cu's rows kernel.
+__device__ __forceinline__ void nvfp4_store_value(float v, uint8_t* row, int d, int D) {
   float amax = fabsf(v);
 #pragma unroll
   for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -150,10 +147,21 @@ __device__ __forceinline__ void kv_nvfp4_value(const RopeKvArgs& a, size_t j, bo
   const float sd = from_e4m3(sc);
   const uint32_t code = sd > 0.f ? to_e2m1(__fdiv_rn(v, sd)) : 0u;
   const uint32_t other = __shfl_xor_sync(0xffffffffu, code, 1);
-  if (!live) return;
-  uint8_t* row = (t ? a.vb : a.kb) + dst;
+  if (!row) return;
   if (d % 2 == 0) row[d / 2] = uint8_t(code | (other << 4));
   if (d % 16 == 0) row[D / 2 + d / 16] = sc;
+}
+__device__ __forceinline__ void kv_nvfp4_value(const RopeKvArgs& a, size_t j, bool live) {
+  const int D = a.D, d = int(j % D), t = int(j / D % 2), g = int(j / D / 2 % a.nkv), m = int(j / D / 2 / a.nkv);
+  float v = 0.0f;
+  uint8_t* row = nullptr;
+  if (live) {
+    const float* kr = a.k + size_t(m) * a.ldk + size_t(g) * D;
+    const float* vr = a.v + size_t(m) * a.ldk + size_t(g) * D;
+    v = t ? __ldcg(vr + d) : roped(kr, d, D / 2, float(a.pos[m]), a.inv_freq);
+    row = (t ? a.vb : a.kb) + (size_t(a.slots[m]) * a.nkv + g) * (D / 2 + D / 16);
+  }
+  nvfp4_store_value(v, row, d, D);
 }
 
 }  // namespace kvdeck::cuda::detail

@@ -29,7 +29,8 @@ namespace kvdeck::cuda {
 //   ±127 (all 0 and d = 0 if amax == 0); s = sum of the block's q. Rows are zero-padded from
 //   K to Kp. Bit-identical to the CPU's scalar quantize_act_q8.
 //   x: f32 [M, K] (row stride K);  q: int8 [M, Kp];  d: f32 [M, Kp/32];  s: int32 [M, Kp/32]
-//   Kp = round_up(K, 32). Any M >= 1.
+//   Kp = round_up(K, 32). Any M >= 1; M > 8 with K % 4 == 0 and x 16-byte aligned runs four
+//   values a lane (the same bits; KVDECK_CUDA_PREFILL_ROWS=0, read at every launch: the old kernel).
 cudaError_t quantize_act_q8(const float* x, int M, int K, int Kp, int8_t* q, float* d, int32_t* s,
                             cudaStream_t stream, bool pdl = false);
 
@@ -338,7 +339,9 @@ cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, fl
                         int32_t* s, cudaStream_t stream);
 // RoPE (rotate-half at pos[m]) of q in place (q may be null) and of k, and kv_write of the
 // roped k and of v into the pool slots (format as kv_write); k itself is left unrotated.
-// ctx (may be null): ctx[0] = pos[0] + 1, for attention_decode.
+// ctx (may be null): ctx[0] = pos[0] + 1, for attention_decode. M > 8 (prefill): one sine and
+// cosine per (row, angle) for all heads (the same bytes; KVDECK_CUDA_PREFILL_ROWS=0, read at every
+// launch: one per item as for decode).
 cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const float* v, int ldk, int n_kv, int D,
                           int M, const int32_t* pos, const float* inv_freq, int format, void* k_pages,
                           void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream);
