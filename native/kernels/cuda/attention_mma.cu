@@ -142,14 +142,14 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
         c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, o));
       }
       const float n0 = c0 > m0 + kL ? c0 : m0, n1 = c1 > m1 + kL ? c1 : m1;  // finite: a chunk has a valid token
-      const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+      const float a0 = ex2_approx(m0 - n0), a1 = ex2_approx(m1 - n1);
       l0 *= a0, l1 *= a1, m0 = n0, m1 = n1;
 #pragma unroll
       for (int i = 0; i < KS; ++i) oc[i][0] *= a0, oc[i][2] *= a0, oc[i][1] *= a1, oc[i][3] *= a1;
     }
     const bool h0 = 2 * tig < G, h1 = 2 * tig + 1 < G;  // real heads (the others are padding)
-    const float p00 = h0 ? exp2f(s[0] - m0) : 0.0f, p01 = h1 ? exp2f(s[1] - m1) : 0.0f;
-    const float p10 = h0 ? exp2f(s[2] - m0) : 0.0f, p11 = h1 ? exp2f(s[3] - m1) : 0.0f;
+    const float p00 = h0 ? ex2_approx(s[0] - m0) : 0.0f, p01 = h1 ? ex2_approx(s[1] - m1) : 0.0f;
+    const float p10 = h0 ? ex2_approx(s[2] - m0) : 0.0f, p11 = h1 ? ex2_approx(s[3] - m1) : 0.0f;
     l0 += p00 + p10, l1 += p01 + p11;
     // P^T as the B operand (k: tokens 2t, 2t+1 / 2t+8, 2t+9; n: head g): the f16 tiles transposed
     uint32_t pb0 = movmatrix_trans(h2bits(__floats2half2_rn(p00, p01)));
