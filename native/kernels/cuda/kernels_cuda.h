@@ -209,11 +209,6 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                                  const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
-// The session-6 NVFP4 split kernel (attention_mma_v1.cu), kept for one A/B; NVFP4 pages only.
-cudaError_t attention_decode_mma_v1(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                    int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
-                                    const float* fresh_k = nullptr, const float* fresh_v = nullptr,
-                                    const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr);
 }  // namespace detail
 
 // =====================================================================================

@@ -138,11 +138,6 @@ void run_case(Options& o, const AttnCase& c) {
   const bool simt = c.fmt == kc::KvFormat::F16 || c.fmt == kc::KvFormat::F32;  // the SIMT kernel's formats
   std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, simt ? 1e-4 : 1e-3}};
   if (!simt) vars.push_back({std::string("attn_") + fname + "_mma", mma, 1e-3});
-  const Fn v1 = [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws,
-                   float* out, cudaStream_t st) {
-    return kc::detail::attention_decode_mma_v1(kv, q, nh, cx, mc, sc, ws, out, st);
-  };
-  if (c.fmt == kc::KvFormat::NVFP4) vars.push_back({"attn_nvfp4_mma_v1", v1, 1e-3});  // session 6's kernel (A/B)
   if (simt) vars.push_back({std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4});
   for (const Variant& var : vars) {
     if (c.profile) break;
@@ -156,15 +151,17 @@ void run_case(Options& o, const AttnCase& c) {
                   c.amp != 1.0f ? " small" : "");
     add_validation(var.name + " vs f64", sh, e.max_abs, e.rel_max, e.rel_norm, var.bound);
   }
-  // timing: the variants interleaved, three rounds (one row per variant and round)
-  for (int round = 0; c.time && !c.profile && round < 3; ++round)
+  // timing: the variants interleaved, three rounds with --attn-decode (one row per variant and round)
+  const int rounds = o.attn_decode ? 3 : 1;
+  for (int round = 0; c.time && !c.profile && round < rounds; ++round)
     for (const Variant& var : vars) {
       const double bytes = double(c.ctx) * c.n_kv * (rk + rv) + 2.0 * q.size() * 4 + n_pages * 4.0;
       const double us = time_us(o, layers, [&](int l, cudaStream_t st) {
         var.fn(kv_of(l), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, st);
       });
       char tsh[64];
-      std::snprintf(tsh, sizeof tsh, "ctx=%d r%d", c.ctx, round);
+      if (rounds > 1) std::snprintf(tsh, sizeof tsh, "ctx=%d r%d", c.ctx, round);
+      else std::snprintf(tsh, sizeof tsh, "ctx=%d", c.ctx);  // run_bench.py's key
       add_timing(o, var.name, tsh, us, bytes);
     }
   if (c.time && !c.profile) {  // the split combine alone (its partials as the last variant left them)
