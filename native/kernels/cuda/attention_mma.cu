@@ -2,21 +2,25 @@
 // f32 accumulate; sm_80+, so Orin and Hopper). Same grid, splits, workspace and combine as
 // attention.cu; contracts in kernels_cuda.h (detail::attention_decode_mma). The 4-bit formats:
 // NVFP4, and NVFP4R / K8V4 (K int8 as exact f16; the f16 row scales applied to the scores (K)
-// and to P before its f16 rounding (V, times 256, undone in the epilogue)). f16 pages ran
-// slower here than on attention.cu's SIMT kernel in every measurement (H200, 32K: 50.7 µs
-// against 47.8, session 6), and two chunks per softmax step slower than one (41.8 against
-// 32.9 for NVFP4): both were deleted.
+// and to P (V, times 256, undone in the epilogue)). f16 pages ran slower here than on
+// attention.cu's SIMT kernel in every measurement (H200, 32K: 50.7 µs against 47.8, session 6),
+// and two chunks per softmax step slower than one (41.8 against 32.9 for NVFP4): both deleted.
 //
-// Per warp and chunk of 16 tokens:
-//   S  = Q K^T   two m16n8 tiles (rows: the G query heads, padded to 16; columns: 8 tokens),
-//                k = D in D/16 slices. Q is rounded to f16; K is exact in f16 (NVFP4 e2m1 x
-//                e4m3 products, int8).
+// Per warp and chunk of 16 tokens (session 7's layout):
+//   S^T = K Q^T  one m16n8 tile per k slice (rows: the 16 tokens; columns: the G query heads,
+//                padded to 8), k = D in D/16 slices: no padded A rows. Q is rounded to f16; NVFP4
+//                K by bit placement (attention_mma_rows.cuh k_word_h2: exact, values x 2^-7, Q
+//                x 2^7), int8 K exact.
 //   O^T += V^T P^T  D/16 m16n8 tiles (rows: D, columns: the heads, padded to 8), k = 16 tokens;
-//                P is rounded to f16 (relative 2^-11), O accumulates in f32.
+//                P rounded to f16 (relative 2^-11) and transposed into the B operand by
+//                movmatrix (two 8 x 8 tiles); V decoded in token pairs (v_pair_h2); f32 O.
 // The D index is permuted consistently inside each product (Q with K, V^T with O^T) so that
-// every lane reads contiguous bytes: for S, lane (g, t) = (lane / 4, lane % 4) reads token g's
-// values [t D/4, (t+1) D/4); for V, token rows {2t, 2t+1, 2t+8, 2t+9} at [g D/8, (g+1) D/8).
-// The S accumulators are the P operand of the second product without any shuffle.
+// every lane reads contiguous bytes: for S, lane (g, t) = (lane / 4, lane % 4) reads tokens g and
+// g + 8, values [t D/4, (t+1) D/4); for V, token rows {2t, 2t+1, 2t+8, 2t+9} at [g D/8, (g+1) D/8).
+// The softmax state of lane (g, t) is its O^T columns' heads 2t, 2t+1; the running maxima move
+// lazily (kLazyMax: only when a score passes them by 2^8), a warp vote skipping the O rescale
+// (and its max reduction) on most chunks. The loop is unrolled by two over two register sets
+// (the prefetched rows are never copied), the page slot advanced per chunk (no division).
 #include <cstdint>
 
 #include "attention_impl.cuh"
@@ -36,7 +40,11 @@ namespace {
 // Split kernel on the tensor cores
 // =====================================================================================
 
-constexpr int PAIR = 1;  // chunks of 16 tokens per softmax step (2 measured slower: deleted)
+// Lazy running max (log2 units): a head's max moves only when a chunk's scores pass it by more
+// than this, so p <= 2^kLazy and most chunks skip the O rescale (a warp-uniform branch). 0 for
+// the row-scaled formats (their P is multiplied by the V row scale x 256 before its f16 rounding).
+template <KvFormat F>
+constexpr float kLazyMax = Fmt<F>::kRowScale ? 0.0f : 8.0f;
 
 template <KvFormat F, int D, int G>
 __global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
@@ -51,14 +59,17 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   constexpr float kPv = kRS ? 256.0f : 1.0f;  // P x V row scale x 256 keeps small products normal in f16
   const int g_kv = blockIdx.x, sp = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
-  const int per_warp = split / kAttnWarps;
+  const int per_warp = split / kAttnWarps;  // a multiple of 16: chunks never straddle a page
   const int t_begin = sp * split, w_begin = t_begin + warp * per_warp;
   // issued before ctx is known: page indices (the table covers max_ctx) and Q
   const int p_first = w_begin / block;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
 
-  // Q as the A operand (rows = heads; lane row gid), rounded to f16
+  // Q as the B operand of S^T = K Q^T (columns = heads; lane column gid), rounded to f16
+  // D index pairs as K's: int8 words (d, d+1), (d+2, d+3); NVFP4 words of 8 codes (c, c+4)
+  // (k_word_h2), the NVFP4 values carrying 2^-7 (times 2^7 here)
+  constexpr float kQs = Fmt<F>::kK8 ? 1.0f : kNvfp4Shift;
   uint32_t qhi[KS][2];
 #pragma unroll
   for (int j = 0; j < KS; ++j)
@@ -66,8 +77,10 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
     for (int hlf = 0; hlf < 2; ++hlf) {
       float a = 0.f, b = 0.f;
       if (gid < G) {
-        const float* qr = q + size_t(g_kv * G + gid) * D + tig * (D / 4) + 4 * j + 2 * hlf;
-        a = qr[0] * scale_log2, b = qr[1] * scale_log2;
+        const float* qs = q + size_t(g_kv * G + gid) * D + tig * (D / 4);
+        const float* qr = Fmt<F>::kK8 ? qs + 4 * j + 2 * hlf : qs + 8 * (j / 2) + 2 * (j % 2) + hlf;
+        const int o2 = Fmt<F>::kK8 ? 1 : 4;
+        a = qr[0] * (scale_log2 * kQs), b = qr[o2] * (scale_log2 * kQs);
       }
       qhi[j][hlf] = h2bits(__floats2half2_rn(a, b));
     }
@@ -77,151 +90,147 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   const int w_end = min(t_end, w_begin + per_warp);
 
   float oc[KS][4] = {};             // O^T tiles: (d rows, head columns 2t, 2t+1)
-  float m = -INFINITY, l = 0.0f;    // softmax state of head gid (l: this lane's tokens)
-  constexpr int STEP = 16 * PAIR;
-  R cur[PAIR], nxt[PAIR];
-  auto load = [&](int t0, R& r) {
-    if (t0 >= w_end) t0 -= 16;  // a pair's second chunk past the end: re-read the first (masked)
-    const int pg = __shfl_sync(0xffffffffu, my_page, min(t0 / block - p_first, 31));
-    load_chunk<F, D>(r, kbase, vbase, size_t(pg) * block + t0 % block, n_kv, g_kv, w_end - t0, gid, tig);
+  // softmax state of heads 2t (m0, l0) and 2t + 1 (m1, l1); l: this lane's tokens
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  constexpr float kL = kLazyMax<F>;
+  // the next chunk to load: slot ni of the warp's page window (<= 32 pages), row offset no in it
+  int ni = 0, no = w_begin - p_first * block;
+  auto issue = [&](int t0, R& r) {
+    const int pg = __shfl_sync(0xffffffffu, my_page, ni);
+    load_chunk<F, D, kRS>(r, kbase, vbase, size_t(pg) * block + no, n_kv, g_kv, w_end - t0, gid, tig);
+    const bool wrap = no + 16 == block;
+    ni += wrap, no = wrap ? 0 : no + 16;
   };
-  auto load_step = [&](int t0, R (&r)[PAIR]) {
+  // one chunk of 16 tokens at t0 (its rows in c)
+  auto chunk = [&](const R& c, int t0) {
+    // ---- S^T = K Q^T: rows the tokens t0 + g, t0 + g + 8; columns the heads 2t, 2t+1 ----------
+    // two accumulator chains (even / odd slices) halve the dependent MMA latency
+    float s[4] = {}, s2[4] = {};
 #pragma unroll
-    for (int c = 0; c < PAIR; ++c) load(t0 + 16 * c, r[c]);
-  };
-  if (w_begin < w_end) load_step(w_begin, cur);
-  for (int t0 = w_begin; t0 < w_end; t0 += STEP) {
-    if (t0 + STEP < w_end) load_step(t0 + STEP, nxt);
-    // ---- S = Q K^T for tokens t0 + 16 c + [0, 8) and + [8, 16) ------------------------------
-    // two accumulator chains per tile (even / odd slices) halve the dependent MMA latency
-    float s[PAIR][2][4];
+    for (int wi = 0; wi < R::KW; ++wi) {  // one word: NVFP4 4 half2 (two slices); int8 one slice
+      if constexpr (Fmt<F>::kK8) {
+        uint32_t k0[2], k1[2];
+        i8x4_to_half2x2(c.k[0][wi], k0);
+        i8x4_to_half2x2(c.k[1][wi], k1);
+        mma16816(*(wi % 2 ? &s2 : &s), k0[0], k1[0], k0[1], k1[1], qhi[wi][0], qhi[wi][1]);
+      } else {
+        uint32_t k0[4], k1[4];  // words 2b, 2b + 1: block b
+        k_word_h2(c.k[0][wi], (c.ks[0] >> (8 * (wi / 2))) & 0xFFu, k0);
+        k_word_h2(c.k[1][wi], (c.ks[1] >> (8 * (wi / 2))) & 0xFFu, k1);
 #pragma unroll
-    for (int c = 0; c < PAIR; ++c) {
-      float s2[2][4] = {};
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[c][tile][e] = 0.f;
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int wi = 0; wi < R::KW; ++wi) {  // one word: f16 1 half2 (half a slice); NVFP4 4 half2
-          if constexpr (Fmt<F>::kK8) {  // one word: 4 int8 = one slice
-            uint32_t kh[2];
-            i8x4_to_half2x2(cur[c].k[tile][wi], kh);
-            float (&acc)[4] = wi % 2 ? s2[tile] : s[c][tile];
-            mma16816(acc, qhi[wi][0], 0u, qhi[wi][1], 0u, kh[0], kh[1]);
-            continue;
-          }
-          uint32_t kh[4];
-          to_half2<F>(&cur[c].k[tile][wi], 1, (cur[c].ks[tile] >> (8 * (wi / 2))) & 0xFFu, kh);
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * wi + jj;
-            float (&acc)[4] = jj ? s2[tile] : s[c][tile];
-            mma16816(acc, qhi[j][0], 0u, qhi[j][1], 0u, kh[2 * jj], kh[2 * jj + 1]);
-          }
-        }
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[c][tile][e] += s2[tile][e];
-      if constexpr (kRS) {  // K row scales of the columns' tokens 2t, 2t+1 (tile 0) and 2t+8, 2t+9
-#pragma unroll
-        for (int tile = 0; tile < 2; ++tile) {
-          const float2 r = __half22float2(bits2h(cur[c].rk[tile]));
-          s[c][tile][0] *= r.x, s[c][tile][1] *= r.y;
-        }
-      }
-    }
-    // ---- online softmax of head gid over the step's 16 PAIR tokens (4 PAIR per lane) ------------
-    float cm = m;
-#pragma unroll
-    for (int c = 0; c < PAIR; ++c)
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (t0 + 16 * c + 8 * tile + 2 * tig + e >= w_end) s[c][tile][e] = -INFINITY;
-          cm = fmaxf(cm, s[c][tile][e]);
-        }
-    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
-    cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
-    const float ref = cm == -INFINITY ? 0.0f : cm;
-    const float alpha = exp2f(m - ref);
-    float p[PAIR][2][2];
-    float psum = 0.0f;
-#pragma unroll
-    for (int c = 0; c < PAIR; ++c)
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) psum += (p[c][tile][e] = gid < G ? exp2f(s[c][tile][e] - ref) : 0.0f);
-    l = l * alpha + psum;
-    m = cm;
-    // ---- O^T = O^T * alpha + V^T P^T -------------------------------------------------------
-    const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * tig), a1 = __shfl_sync(0xffffffffu, alpha, 8 * tig + 4);
-#pragma unroll
-    for (int i = 0; i < KS; ++i) oc[i][0] *= a0, oc[i][2] *= a0, oc[i][1] *= a1, oc[i][3] *= a1;
-#pragma unroll
-    for (int c = 0; c < PAIR; ++c) {
-      float2 rv0 = make_float2(kPv, kPv), rv1 = rv0;  // V row scales (x 256) of tokens 2t, 2t+1 / 2t+8, 2t+9
-      if constexpr (kRS) {
-        rv0 = __half22float2(bits2h(cur[c].rv[0])), rv1 = __half22float2(bits2h(cur[c].rv[1]));
-        rv0.x *= kPv, rv0.y *= kPv, rv1.x *= kPv, rv1.y *= kPv;
-      }
-      const uint32_t pb0 = h2bits(kRS ? __floats2half2_rn(p[c][0][0] * rv0.x, p[c][0][1] * rv0.y)
-                                      : __floats2half2_rn(p[c][0][0], p[c][0][1]));  // tokens 2t, 2t+1 of head gid
-      const uint32_t pb1 = h2bits(kRS ? __floats2half2_rn(p[c][1][0] * rv1.x, p[c][1][1] * rv1.y)
-                                      : __floats2half2_rn(p[c][1][0], p[c][1][1]));  // tokens 2t+8, 2t+9
-#pragma unroll
-      for (int wi = 0; wi < R::VW; ++wi) {  // rows 2t, 2t+1, 2t+8, 2t+9: one word each
-        constexpr int NH = 4;
-        uint32_t vh[4][NH];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) to_half2<F>(&cur[c].v[r][wi], 1, cur[c].vs[r], vh[r]);
-#pragma unroll
-        for (int jj = 0; jj < NH; ++jj) {
-          const int i = NH * wi + jj;  // m tile: rows d = g D/8 + 2i (a0, a2) and + 2i + 1 (a1, a3)
-          mma16816(oc[i], prmt(vh[0][jj], vh[1][jj], 0x5410u), prmt(vh[0][jj], vh[1][jj], 0x7632u),
-                   prmt(vh[2][jj], vh[3][jj], 0x5410u), prmt(vh[2][jj], vh[3][jj], 0x7632u), pb0, pb1);
-        }
+        for (int jj = 0; jj < 2; ++jj)
+          mma16816(*(jj ? &s2 : &s), k0[2 * jj], k1[2 * jj], k0[2 * jj + 1], k1[2 * jj + 1], qhi[2 * wi + jj][0],
+                   qhi[2 * wi + jj][1]);
       }
     }
 #pragma unroll
-    for (int c = 0; c < PAIR; ++c) cur[c] = nxt[c];
+    for (int e = 0; e < 4; ++e) s[e] += s2[e];
+    if constexpr (kRS) {  // K row scales of the lane's rows g, g + 8
+      const float r0 = __low2float(bits2h(c.rk[0])), r1 = __low2float(bits2h(c.rk[1]));
+      s[0] *= r0, s[1] *= r0, s[2] *= r1, s[3] *= r1;
+    }
+    // ---- online softmax; the running maxima move lazily (kLazyMax) ---------------------------
+    if (t0 + 16 > w_end) {  // the warp's last chunk, partial (warp-uniform)
+      if (t0 + gid >= w_end) s[0] = s[1] = -INFINITY;
+      if (t0 + gid + 8 >= w_end) s[2] = s[3] = -INFINITY;
+    }
+    float c0 = fmaxf(s[0], s[2]), c1 = fmaxf(s[1], s[3]);
+    if (__any_sync(0xffffffffu, c0 > m0 + kL || c1 > m1 + kL)) {  // some head's max moves: rescale
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {  // the heads' maxima over the chunk's 16 tokens
+        c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, o));
+        c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, o));
+      }
+      const float n0 = c0 > m0 + kL ? c0 : m0, n1 = c1 > m1 + kL ? c1 : m1;  // finite: a chunk has a valid token
+      const float a0 = ex2_approx(m0 - n0), a1 = ex2_approx(m1 - n1);
+      l0 *= a0, l1 *= a1, m0 = n0, m1 = n1;
+#pragma unroll
+      for (int i = 0; i < KS; ++i) oc[i][0] *= a0, oc[i][2] *= a0, oc[i][1] *= a1, oc[i][3] *= a1;
+    }
+    const bool h0 = 2 * tig < G, h1 = 2 * tig + 1 < G;  // real heads (the others are padding)
+    const float p00 = h0 ? ex2_approx(s[0] - m0) : 0.0f, p01 = h1 ? ex2_approx(s[1] - m1) : 0.0f;
+    const float p10 = h0 ? ex2_approx(s[2] - m0) : 0.0f, p11 = h1 ? ex2_approx(s[3] - m1) : 0.0f;
+    l0 += p00 + p10, l1 += p01 + p11;
+    // P^T as the B operand (k: tokens 2t, 2t+1 / 2t+8, 2t+9; n: head g): the f16 tiles transposed
+    uint32_t pb0 = movmatrix_trans(h2bits(__floats2half2_rn(p00, p01)));
+    uint32_t pb1 = movmatrix_trans(h2bits(__floats2half2_rn(p10, p11)));
+    if constexpr (kRS) {  // V row scales (x 256) of tokens 2t, 2t+1 / 2t+8, 2t+9
+      const __half2 k256 = __float2half2_rn(kPv);
+      pb0 = h2bits(__hmul2(bits2h(pb0), __hmul2(bits2h(c.rv[0]), k256)));
+      pb1 = h2bits(__hmul2(bits2h(pb1), __hmul2(bits2h(c.rv[1]), k256)));
+    }
+    // ---- O^T += V^T P^T ----------------------------------------------------------------------
+    // rows 2t, 2t+1 / 2t+8, 2t+9 (one block of each: the lane's D / 8 values), decoded in token pairs
+    const __half2 sv01 = e4m3x2_h2_x128(c.vs[0] | c.vs[1] << 16), sv89 = e4m3x2_h2_x128(c.vs[2] | c.vs[3] << 16);
+#pragma unroll
+    for (int wi = 0; wi < R::VW; ++wi) {
+      uint32_t h01[8], h89[8];
+      v_pair_h2(c.v[0][wi], c.v[1][wi], sv01, h01);
+      v_pair_h2(c.v[2][wi], c.v[3][wi], sv89, h89);
+#pragma unroll
+      for (int ii = 0; ii < 4; ++ii)  // m tile i: rows d = g D/8 + 2i (a0, a2) and + 2i + 1 (a1, a3)
+        mma16816(oc[4 * wi + ii], h01[2 * ii], h01[2 * ii + 1], h89[2 * ii], h89[2 * ii + 1], pb0, pb1);
+    }
+  };
+  // two register sets in turn (loop unrolled by two): the next chunk's loads are in flight
+  // while this one computes, with no copies between the sets
+  R ra, rb;
+  if (w_begin < w_end) issue(w_begin, ra);
+  for (int t0 = w_begin; t0 < w_end; t0 += 32) {
+    if (t0 + 16 < w_end) issue(t0 + 16, rb);
+    chunk(ra, t0);
+    if (t0 + 16 >= w_end) break;
+    if (t0 + 32 < w_end) issue(t0 + 32, ra);
+    chunk(rb, t0 + 16);
   }
   pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+  }
 
   // ---- merge the warps in shared memory, write the split's partial ----------------------
-  __shared__ float so[kAttnWarps][G][D];
-  __shared__ float sm[kAttnWarps][G], sl[kAttnWarps][G];
+  // the warps' weights 2^(m_w - max) once per head, then each thread sums pairs of outputs
+  __shared__ __align__(16) float so[kAttnWarps][G][D];
+  __shared__ float sm[kAttnWarps][G], sl[kAttnWarps][G], wt[kAttnWarps][G];
 #pragma unroll
   for (int i = 0; i < KS; ++i) {
     const int d = gid * (D / 8) + 2 * i;
     if (2 * tig < G) so[warp][2 * tig][d] = oc[i][0], so[warp][2 * tig][d + 1] = oc[i][2];
     if (2 * tig + 1 < G) so[warp][2 * tig + 1][d] = oc[i][1], so[warp][2 * tig + 1][d + 1] = oc[i][3];
   }
-  if (tig == 0 && gid < G) sm[warp][gid] = m, sl[warp][gid] = l;
+  if (gid == 0) {
+    if (2 * tig < G) sm[warp][2 * tig] = m0, sl[warp][2 * tig] = l0;
+    if (2 * tig + 1 < G) sm[warp][2 * tig + 1] = m1, sl[warp][2 * tig + 1] = l1;
+  }
   __syncthreads();
-  for (int i = threadIdx.x; i < G * D; i += kAttnWarps * 32) {
-    const int h = i / D, d = i % D;
-    float mx = -INFINITY;
+  if (threadIdx.x < G) {  // warp 0 always had tokens (w_begin = t_begin < ctx): mx is finite
+    const int h = threadIdx.x;
+    float mx = sm[0][h];
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][h]);
-    const float ref = mx == -INFINITY ? 0.0f : mx;
-    float acc = 0.0f, lsum = 0.0f;
+    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][h]);
+    float lsum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) {
-      const float c = exp2f(sm[w][h] - ref);
-      acc += c * so[w][h][d];
-      lsum += c * sl[w][h];
+      const float cw = exp2f(sm[w][h] - mx);
+      wt[w][h] = cw * (kNvfp4Shift / kPv);  // V values carried 2^-7 (and P the row scale's 256)
+      lsum += cw * sl[w][h];
     }
     float* dst = ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2);
-    dst[d] = acc * (1.0f / kPv);
-    if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
+    dst[D] = mx, dst[D + 1] = lsum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D / 2; i += kAttnWarps * 32) {
+    const int h = i / (D / 2), d = 2 * (i % (D / 2));
+    float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) {
+      const float cw = wt[w][h];
+      const float2 o = *reinterpret_cast<const float2*>(&so[w][h][d]);
+      acc.x += cw * o.x, acc.y += cw * o.y;
+    }
+    *reinterpret_cast<float2*>(ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2) + d) = acc;  // 8-byte aligned: D + 2, d even
   }
 }
 

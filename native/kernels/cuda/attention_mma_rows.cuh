@@ -46,7 +46,7 @@ struct KvRegs {
   static constexpr int VW = D / 64;                     // u32 per V slice (D/8 values)
   uint32_t k[2][KW], ks[2];   // tiles 0, 1: token g and g + 8; ks: block scale bytes (4-bit K)
   uint32_t v[4][VW], vs[4];   // rows 2t, 2t+1, 2t+8, 2t+9
-  uint32_t rk[2], rv[2];      // row scales (f16 pairs) of the K / V rows {2t, 2t+1}, {2t+8, 2t+9}
+  uint32_t rk[2], rv[2];      // row scales (f16): K rows g, g + 8 (low half); V rows {2t, 2t+1}, {2t+8, 2t+9} (pairs)
 };
 
 // n u32 words from p, which is A-byte aligned (A = 2: aligned words joined by funnel shifts).
@@ -79,14 +79,18 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, int n)
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 
-template <KvFormat F, int D>
+// Clamp (rows >= valid re-read row valid - 1): the row-scaled formats need it (a stale f16
+// scale can be Inf / NaN). NVFP4 rows decode to finite values from any bytes, and a chunk
+// never leaves its page, so past-the-end rows are read as they are (their scores are masked,
+// their p is 0): no clamp.
+template <KvFormat F, int D, bool kClamp = true>
 __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, size_t row0,
                                            int n_kv, int g_kv, int valid, int gid, int tig) {
   using R = KvRegs<F, D>;
   using T = Fmt<F>;
   constexpr size_t KR = T::template krow<D>(), VR = T::template vrow<D>();
   constexpr int A = T::template align<D>();
-  auto row = [&](int j) { return (row0 + size_t(min(j, valid - 1))) * n_kv + g_kv; };
+  auto row = [&](int j) { return (row0 + size_t(kClamp ? min(j, valid - 1) : j)) * n_kv + g_kv; };
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile) {
     const uint8_t* p = kb + row(gid + 8 * tile) * KR;
@@ -97,6 +101,7 @@ __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, c
       load_words<A>(p + tig * (D / 8), r.k[tile], R::KW);
       r.ks[tile] = D == 128 ? ld_u16(p + D / 2 + 2 * tig) : __ldg(p + D / 2 + tig);
     }
+    if constexpr (T::kRowScale) r.rk[tile] = ld_u16(p + (T::kK8 ? D : D / 2 + D / 16));
   }
   const int rows[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
 #pragma unroll
@@ -107,9 +112,8 @@ __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, c
     r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
     if constexpr (T::kRowScale) {
       const uint32_t sv = ld_u16(p + D / 2 + D / 16);
-      const uint32_t sk = ld_u16(kb + ri * KR + (T::kK8 ? D : D / 2 + D / 16));
-      if (i % 2 == 0) r.rv[i / 2] = sv, r.rk[i / 2] = sk;
-      else r.rv[i / 2] |= sv << 16, r.rk[i / 2] |= sk << 16;
+      if (i % 2 == 0) r.rv[i / 2] = sv;
+      else r.rv[i / 2] |= sv << 16;
     }
   }
 }
@@ -131,6 +135,55 @@ __device__ __forceinline__ void to_half2(const uint32_t* w, int nw, uint32_t sca
     const __half2 s = e4m3_h2((scales >> (8 * (i / 2))) & 0xFFu);  // words 2b, 2b+1: block b
 #pragma unroll
     for (int j = 0; j < 4; ++j) h[4 * i + j] = h2bits(__hmul2(bits2h(q[j]), s));
+  }
+}
+
+// ---- NVFP4 by bit placement (attention_mma.cu's split kernel) ----------------------------------
+// An E2M1 code's bits placed in an f16 (sign to bit 15, the exponent's two bits to the f16
+// exponent's low two, the mantissa bit to the f16 mantissa's top) is the code's value x 2^-14,
+// for all 16 codes (E2M1's subnormal 0.5 lands on f16's subnormal 2^-15). Per byte of w: the
+// high byte of that f16 for the byte's low nibble (e) and high nibble (o); 7 integer ops.
+__device__ __forceinline__ void e2m1_hi_bytes(uint32_t w, uint32_t& e, uint32_t& o) {
+  o = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+  e = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+}
+__device__ __forceinline__ uint32_t hi_bytes02(uint32_t y) { return prmt(y, 0u, 0x2404u); }  // [0, b0, 0, b2]
+__device__ __forceinline__ uint32_t hi_bytes13(uint32_t y) { return prmt(y, 0u, 0x3414u); }  // [0, b1, 0, b3]
+
+// The NVFP4 scale factor: block scales (E4M3) are applied as f16 scale x 2^7 (448 x 2^7 fits
+// f16), so a decoded value is value x 2^-7 (exact: e2m1 x e4m3 products have <= 6 significant
+// bits and are multiples of 2^-17 >= f16's 2^-24); Q (K side) and the output (V side) carry 2^7.
+constexpr float kNvfp4Shift = 128.0f;
+// Two E4M3 bytes (b0 bits 0-7, b1 bits 16-23) as f16 pair of scale x 2^7 (bit placement: / 256).
+__device__ __forceinline__ __half2 e4m3x2_h2_x128(uint32_t b) {
+  const uint32_t h = ((b & 0x007F007Fu) << 7) | ((b & 0x00800080u) << 8);
+  return __hmul2(bits2h(h), __float2half2_rn(32768.0f));
+}
+
+// One K word (8 codes c0..c7 of one token) times its block scale: kh = (c0, c4), (c1, c5),
+// (c2, c6), (c3, c7), each value x 2^-7 (Q pairs its D index the same way).
+__device__ __forceinline__ void k_word_h2(uint32_t w, uint32_t scale_byte, uint32_t kh[4]) {
+  uint32_t e, o;
+  e2m1_hi_bytes(w, e, o);
+  const __half2 sc = e4m3x2_h2_x128(scale_byte | scale_byte << 16);
+  kh[0] = h2bits(__hmul2(bits2h(hi_bytes02(e)), sc));
+  kh[1] = h2bits(__hmul2(bits2h(hi_bytes02(o)), sc));
+  kh[2] = h2bits(__hmul2(bits2h(hi_bytes13(e)), sc));
+  kh[3] = h2bits(__hmul2(bits2h(hi_bytes13(o)), sc));
+}
+
+// The same word of two V rows (tokens r0, r1; their scales sc = (s0, s1) x 2^7): h[p] = the
+// half2 (r0, r1) of code p (p = 0..7), value x 2^-7 — the A operand's token pairs directly.
+__device__ __forceinline__ void v_pair_h2(uint32_t w0, uint32_t w1, __half2 sc, uint32_t h[8]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const uint32_t x = prmt(w0, w1, hf ? 0x7632u : 0x5410u);  // codes 4 hf .. 4 hf + 3 of r0, then r1
+    uint32_t e, o;
+    e2m1_hi_bytes(x, e, o);  // e: (r0 c0, r0 c2, r1 c0, r1 c2), o: the odd codes (of this half)
+    h[4 * hf + 0] = h2bits(__hmul2(bits2h(hi_bytes02(e)), sc));
+    h[4 * hf + 1] = h2bits(__hmul2(bits2h(hi_bytes02(o)), sc));
+    h[4 * hf + 2] = h2bits(__hmul2(bits2h(hi_bytes13(e)), sc));
+    h[4 * hf + 3] = h2bits(__hmul2(bits2h(hi_bytes13(o)), sc));
   }
 }
 

@@ -33,6 +33,30 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
 #endif
 }
 
+// 2^x by ex2.approx.ftz.f32 (relative error ~2^-22; results below 2^-126 flush to 0, -inf gives 0):
+// exp2f without its denormal-range scaling around the MUFU.
+__device__ __forceinline__ float ex2_approx(float x) {
+#ifdef KVDECK_CUDA_EMU
+  return std::exp2(x);
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
+// movmatrix.sync.aligned.m8n8.trans.b16 (sm_75+): lane l holds (row l / 4, cols 2 (l % 4), +1)
+// of an 8 x 8 matrix of 16-bit values and receives the same elements of its transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+#ifdef KVDECK_CUDA_EMU
+  return emu::movmatrix_trans(x);
+#else
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+#endif
+}
+
 // 8 four-bit codes q (element i in bits [4i, 4i+4)) through a signed 16-entry byte table
 // given as its positive half (pos0: entries 0-3, pos1: 4-7) and negative half (neg0, neg1:
 // entries 8-15, i.e. the codes with bit 3 set). lo gets elements 0-3, hi elements 4-7, one

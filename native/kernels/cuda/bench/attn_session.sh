@@ -5,7 +5,7 @@
 # tensor cores vs the f32 paged kernel), attn_formats.py (decode / prefill per KV format through
 # the backend) and attn_model_ab.py (whole-model prefill tok/s and decode µs/token, default
 # kernels vs KVDECK_CUDA_ATTN_PREFILL=paged / KVDECK_CUDA_ATTN_DECODE=paged, interleaved).
-#   attn_session.sh OUT [tests] [bench] [formats] [kcheck] [model] [kpc4]
+#   attn_session.sh OUT [tests] [bench] [decode] [formats] [kcheck] [model] [kpc4]
 # (kpc4: tests/cuda/test_kpc4_cuda.py, the opt-in KVDECK_CUDA_KPC4=1 path; its kernel rows,
 # attn_kpc4_mma at 4K / 16K / 32K, come with `bench`.)
 set -uo pipefail
@@ -37,6 +37,9 @@ for step in "$@"; do
     bench)
       timeout 240 build/gpu_bench --attn --reps 15 --json "$out/attn.json" 2>&1 | tee "$out/gpu_bench_attn.log" \
         | grep -vE "^PASS" | tail -100 ;;
+    decode)  # the decode rows only (gpu_bench --attn-decode: no prefill, no kpc4, no f32)
+      timeout 120 build/gpu_bench --attn-decode --reps 15 --json "$out/attn_decode.json" 2>&1 \
+        | tee "$out/gpu_bench_decode.log" | grep -vE "^PASS" | tail -100 ;;
     formats)
       timeout 120 python3 native/kernels/cuda/bench/attn_formats.py --reps 5 2>&1 | tee "$out/attn_formats.log"
       timeout 120 python3 native/kernels/cuda/bench/attn_formats.py --prefill --reps 3 2>&1 | tee -a "$out/attn_formats.log" ;;

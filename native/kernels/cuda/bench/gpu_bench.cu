@@ -1,6 +1,6 @@
 // gpu_bench.cu — validation and benchmark of kvdeck's CUDA kernels (native/kernels/cuda).
 //
-//   gpu_bench [--quick] [--reps N] [--json FILE] | --profile-attn
+//   gpu_bench [--quick] [--attn | --attn-decode] [--reps N] [--json FILE] | --profile-attn
 //
 // Each kernel is checked against the CPU oracle (native/kernels/cpu scalar kernels and the
 // format codecs of native/src/formats.cpp, or a float64 loop) and, without --quick, timed
@@ -242,12 +242,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!std::strcmp(argv[i], "--attn")) attn_only = true;  // the attention rows only
+    else if (!std::strcmp(argv[i], "--attn-decode")) attn_only = o.attn_decode = true;  // decode rows only
     else if (!std::strcmp(argv[i], "--profile-attn")) {
       bench::profile_attention(o);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--attn] [--reps N] [--json FILE] | --profile-attn\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--attn | --attn-decode] [--reps N] [--json FILE] | --profile-attn\n", argv[0]);
       return 2;
     }
   }

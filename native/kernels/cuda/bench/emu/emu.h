@@ -1,6 +1,6 @@
 // emu.h — a host emulation of the CUDA execution model, enough to run the attention kernels'
 // own source on a CPU (no GPU was lent in session 5): every thread of a block is an OS thread;
-// __syncthreads is a block barrier; warp collectives (shuffles, mma.sync m16n8k16 f16,
+// __syncthreads is a block barrier; warp collectives (shuffles, votes, movmatrix, mma.sync m16n8k16 f16,
 // ldmatrix x4 [.trans]) exchange the 32 lanes' operands through per-warp slots between two
 // warp barriers and compute what the PTX ISA's fragment layouts say each lane receives;
 // __shared__ variables are function statics (one block runs at a time). Device memory is host
@@ -140,6 +140,20 @@ inline void ldsm_x4(uint32_t (&r)[4], const void* p, bool trans) {
   w.bar.arrive_and_wait();
 }
 
+// movmatrix.sync.aligned.m8n8.trans.b16: lane l gets (M[2 (l % 4)][l / 4], M[2 (l % 4) + 1][l / 4])
+// where lane r * 4 + c / 2 holds M[r][c] (half c % 2).
+inline uint32_t movmatrix_trans(uint32_t x) {
+  const int l = lane();
+  uint32_t r = 0;
+  exchange(&x, 1, [&](Warp& w) {
+    for (int h = 0; h < 2; ++h) {
+      const int row = 2 * (l % 4) + h, col = l / 4;
+      r |= ((w.u[row * 4 + col / 2][0] >> (16 * (col % 2))) & 0xFFFFu) << (16 * h);
+    }
+  });
+  return r;
+}
+
 // prmt.b32 in its generic mode: bytes of {b, a}, a selector nibble's bit 3 replicates the sign.
 inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
   const uint64_t x = uint64_t(b) << 32 | a;
@@ -182,6 +196,14 @@ inline T __shfl_xor_sync(unsigned, T v, int o) {
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src) {
   return emu::shfl(v, src);
+}
+inline int __any_sync(unsigned, int pred) {
+  const uint32_t in = pred != 0;
+  int any = 0;
+  emu::exchange(&in, 1, [&](emu::Warp& w) {
+    for (int i = 0; i < 32; ++i) any |= int(w.u[i][0]);
+  });
+  return any;
 }
 inline int atomicMax(int* p, int v) {
   std::lock_guard<std::mutex> g(emu::g_atomic);
