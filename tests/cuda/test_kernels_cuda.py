@@ -58,9 +58,10 @@ def test_every_check_passes(validation):
 @pytest.mark.parametrize("name, count", [
     ("act_q8", 18), ("nvfp4_dp4a vs cpu", 18), ("nvfp4_f16", 18), ("w4a8 vs cpu", 18), ("w4a8 pdl vs cpu", 18),
     ("nvfp4_posneg vs cpu", 3), ("nvfp4 q8fused vs cpu", 3), ("w4a8 q8fused vs cpu", 3),
-    ("attn_f32 vs", 6), ("attn_f16 vs", 6), ("attn_nvfp4 vs", 6), ("attn_f32_simt", 6), ("attn_f16_simt", 6),
-    ("attn_nvfp4_mma", 6),
-    ("attn_nvfp4r vs", 6), ("attn_nvfp4r_mma", 6), ("attn_k8v4 vs", 6), ("attn_k8v4_mma", 6),
+    # decode: 6 shapes + the small-values case (decoded through f16 subnormals, session 7)
+    ("attn_f32 vs", 7), ("attn_f16 vs", 7), ("attn_nvfp4 vs", 7), ("attn_f32_simt", 7), ("attn_f16_simt", 7),
+    ("attn_nvfp4_mma", 7),
+    ("attn_nvfp4r vs", 7), ("attn_nvfp4r_mma", 7), ("attn_k8v4 vs", 7), ("attn_k8v4_mma", 7),
     *[(f"attn_prefill_{kv}{fr}_{kern}", n) for kv in ("f32", "f16", "nvfp4", "nvfp4r", "k8v4")
       for fr, n in (("", 3), ("_fresh", 2)) for kern in ("paged vs", "mma vs", "mma16 vs")],
     ("rmsnorm", 2), ("rope", 1), ("silu_mul", 1), ("contracts", 1),
