@@ -57,7 +57,7 @@ inline void softmax_block(int ng, float* m, float* l, const float* S, float* P, 
       _mm256_store_ps(P + h * 64 + 8 * gi, e);
       ps[h] = _mm256_add_ps(ps[h], e);
     }
-  for (int h = 0; h < HB; ++h) l[h] = l[h] * alpha[h] + hsum(ps[h]);
+  for (int h = 0; h < HB; ++h) l[h] = std::fma(l[h], alpha[h], hsum(ps[h]));  // softmax_update's fma, not left to -ffp-contract
 }
 
 // The online softmax update of the G heads' scores S of one page (n keys; S[h*64 + j] for j
