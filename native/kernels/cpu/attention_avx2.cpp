@@ -57,7 +57,7 @@ inline void softmax_block(int ng, float* m, float* l, const float* S, float* P, 
       _mm256_store_ps(P + h * 64 + 8 * gi, e);
       ps[h] = _mm256_add_ps(ps[h], e);
     }
-  for (int h = 0; h < HB; ++h) l[h] = l[h] * alpha[h] + hsum(ps[h]);
+  for (int h = 0; h < HB; ++h) l[h] = std::fma(l[h], alpha[h], hsum(ps[h]));  // softmax_update's fma, not left to -ffp-contract
 }
 
 // The online softmax update of the G heads' scores S of one page (n keys; S[h*64 + j] for j
@@ -154,13 +154,15 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   const bool int_v = int8_scores && attention_int_v();
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
+  thread_local std::vector<int32_t> qc;
   thread_local std::vector<uint16_t> ks_buf;  // a page's K / V block scales (32-byte aligned below)
   if (int8_scores) {
     q8.resize(size_t(g1 - g0) * G * D);
     qs.resize(size_t(g1 - g0) * G * (D / 8));
+    qc.resize(qs.size());
     for (int g = g0; g < g1; ++g)
       attn_avx2::quantize_q_int8(q + (g - g0) * qg, G, D, scale, q8.data() + size_t(g - g0) * G * D,
-                                 qs.data() + size_t(g - g0) * G * (D / 8));
+                                 qs.data() + size_t(g - g0) * G * (D / 8), qc.data() + size_t(g - g0) * G * (D / 8));
   }
   for (int ps = t0; ps < t1; ps += B) {
     const int n = t1 - ps < B ? t1 - ps : B;
@@ -189,7 +191,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         const uint16_t* ks = ksv + (g - g0) * vss;
         pf.step(lines);
         attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
-                                     G, D, K, ts, n, ksk + (g - g0) * kss, S);
+                                     qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
         float alpha[64];
         softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
         if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))

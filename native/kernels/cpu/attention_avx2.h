@@ -191,8 +191,9 @@ inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, 
 // ============================================================================
 // q of G heads [G, D] -> q8 [G, D/64, 64] (per 64-value chunk: its 32 even values, then its
 // 32 odd ones; int8 per block of 16, d = amax/127) and qs [G, D/64, 8], the factors
-// d_b · 0.5 · scale · 256 in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3].
-void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs);
+// d_b · 0.5 · scale · 256 in the lane pattern [b0 b1 b0 b1 | b2 b3 b2 b3], and qc [G, D/64, 8]
+// the corrections 12 · Σ_{i in block} q8_i in the same pattern (the scores' unsigned codes).
+void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs, int32_t* qc);
 // The E4M3 block scales of n rows (token stride ts bytes) as f16 bits of the value / 256, ks
 // [D/64, nr, 4], nr >= n a multiple of 8 (rows >= n: 0; scores and P·V read nr = n rounded
 // up to 8); NaN codes read as 0. The consumers fold the 256 into q's factors (qs) and
@@ -201,9 +202,10 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
 void nvfp4_page_scales(const uint8_t* rows, size_t ts, int n, int nr, int D, uint16_t* ks);
 void nvfp4_page_scales_heads(const uint8_t* rows, size_t ts, size_t hs, int nh, int n, int nr, int D, uint16_t* ks);
 // S[h*64 + j] = s_j for the n keys at k (stride ts), j < n rounded up to 8 (keys >= n score 0):
-// the integer-dot score of attention_nvfp4_avx2.cpp's header. ks from nvfp4_page_scales.
-void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
-                       const uint16_t* ks, float* S);
+// the integer-dot score of attention_nvfp4_avx2.cpp's header. ks from nvfp4_page_scales; q8,
+// qs, qc from quantize_q_int8.
+void nvfp4_page_scores(const int8_t* q8, const float* qs, const int32_t* qc, int G, int D, const uint8_t* k,
+                       size_t ts, int n, const uint16_t* ks, float* S);
 // n V rows at v (stride ts) -> tile f32 [n, D], bit for bit kv_nvfp4_decode_row (ks: nr rows).
 void nvfp4_page_rows(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int n8, float* tile);
 // o[h] = o[h]·alpha[h] + Σ_t P[h*ldp + t] v_t over the n V rows at v (stride ts) on the codes,

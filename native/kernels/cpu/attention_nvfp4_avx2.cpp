@@ -10,7 +10,10 @@
 // added to block b of the first before that, f_b + f_{b+4}). The
 // integer part is exact (|I| <= 16·127·12); the f32 part rounds a few times per score.
 // A 32-byte chunk of codes is split into low / high nibbles (even / odd values); q is stored
-// in the same order, so sign_epi8 + maddubs multiply matching values.
+// in the same order. The codes are looked up as 2·e2m1 + 12 (unsigned, 0..24), so maddubs
+// takes them as its unsigned operand and q straight from memory as its signed one (no
+// per-head sign_epi8), and I_tb = Σ q8_i·(2·e2m1 + 12) - 12·Σ_{i in b} q8_i, the second term
+// once per head and block (quantize_q_int8's qc): the same exact integer, so the same bits.
 // V rows are widened into an f32 tile: each nibble looked up as the high byte of its f16 value
 // (E2M1 values have a zero low byte in f16), vcvtph2ps, times the block scale: bit for bit
 // kv_nvfp4_decode_row.
@@ -51,7 +54,7 @@ void nvfp4_page_scales_heads(const uint8_t* rows, size_t ts, size_t hs, int nh, 
       }
 }
 
-void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs) {
+void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, float* qs, int32_t* qc) {
   const int C = D / 64;
   const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int h = 0; h < G; ++h)
@@ -59,6 +62,7 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
       int8_t* lo = q8 + (size_t(h) * C + c) * 64;  // [32 even values | 32 odd values]
       float* s = qs + (size_t(h) * C + c) * 8;
       float d[4];
+      int32_t sum[4] = {0, 0, 0, 0};
       for (int b = 0; b < 4; ++b) {
         const float* x = q + size_t(h) * D + 64 * c + 16 * b;
         const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
@@ -72,10 +76,12 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
           lo[8 * b + i] = int8_t(r[2 * i]);
           lo[32 + 8 * b + i] = int8_t(r[2 * i + 1]);
         }
+        for (int i = 0; i < 16; ++i) sum[b] += r[i];
       }
       // the lane pattern of a key pair's block sums: [b0 b1 b0 b1 | b2 b3 b2 b3]
       const int pat[8] = {0, 1, 0, 1, 2, 3, 2, 3};
       for (int i = 0; i < 8; ++i) s[i] = d[pat[i]] * 0.5f * scale * 256.0f;  // (x 256: the scales are stored / 256)
+      for (int i = 0; i < 8; ++i) qc[(size_t(h) * C + c) * 8 + i] = 12 * sum[pat[i]];  // the +12 of the codes' lookup
     }
 }
 
@@ -83,25 +89,23 @@ void quantize_q_int8(const float* q, int G, int D, float scale, int8_t* q8, floa
 // Scores of the n keys of a page (rows at k, token stride ts bytes) for G heads
 // ============================================================================
 template <int C>
-static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k, size_t ts, int n,
-                     const uint16_t* ks, float* S) {
+static void scores_c(const int8_t* q8, const float* qs, const int32_t* qc, int G, const uint8_t* k, size_t ts,
+                     int n, const uint16_t* ks, float* S) {
   const int n8 = (n + 7) / 8 * 8;
   const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12,  //
-                                       0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12);
+  const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  // 2·e2m1 + 12
+                                       12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
   alignas(32) float F[64 * 4 * 8];  // [h][pair][8]
   for (int j0 = 0; j0 < n8; j0 += 8) {
     for (int p = 0; p < 4; ++p) {
       const int t = j0 + 2 * p;
       for (int c = 0; c < C; ++c) {
-        __m256i m[2][2], sg[2][2];
+        __m256i m[2][2];  // 2·e2m1 + 12 of the even (low nibble) and odd (high nibble) values
         for (int u = 0; u < 2; ++u) {
           const __m256i x = t + u < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + (t + u) * ts + 32 * c))
-                                      : _mm256_setzero_si256();
+                                      : _mm256_setzero_si256();  // (code 0: +12 - 12 = 0)
           m[u][0] = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, nib));
           m[u][1] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));
-          sg[u][0] = _mm256_slli_epi16(x, 4);  // bit 7 of each byte: the low nibble's sign
-          sg[u][1] = x;                         // bit 7: the high nibble's sign
         }
         // [t b0 b1 t+1 b0 b1 | t b2 b3 t+1 b2 b3] scales of this chunk
         const __m256 kp = _mm256_castpd_ps(
@@ -110,14 +114,14 @@ static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k,
         for (int h = 0; h < G; ++h) {
           const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + (size_t(h) * C + c) * 64));
           const __m256i qhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + (size_t(h) * C + c) * 64 + 32));
-          __m256i X[2];
-          for (int u = 0; u < 2; ++u) {
-            const __m256i a = _mm256_maddubs_epi16(m[u][0], _mm256_sign_epi8(qlo, sg[u][0]));
-            const __m256i b = _mm256_maddubs_epi16(m[u][1], _mm256_sign_epi8(qhi, sg[u][1]));
-            X[u] = _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
-          }
+          __m256i X[2];  // (|sum| of a pair <= 2·24·127, of a + b <= 12,192: no int16 saturation)
+          for (int u = 0; u < 2; ++u)
+            X[u] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(m[u][0], qlo), _mm256_maddubs_epi16(m[u][1], qhi)),
+                                     ones);
+          const __m256i I = _mm256_sub_epi32(_mm256_hadd_epi32(X[0], X[1]),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + (size_t(h) * C + c) * 8)));
           const __m256 sc = _mm256_mul_ps(kp, _mm256_loadu_ps(qs + (size_t(h) * C + c) * 8));
-          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(X[0], X[1])), sc);
+          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(I), sc);
           float* fp = F + (size_t(h) * 4 + p) * 8;
           _mm256_store_ps(fp, c == 0 ? f : _mm256_add_ps(_mm256_load_ps(fp), f));
         }
@@ -133,10 +137,10 @@ static void scores_c(const int8_t* q8, const float* qs, int G, const uint8_t* k,
   }
 }
 
-void nvfp4_page_scores(const int8_t* q8, const float* qs, int G, int D, const uint8_t* k, size_t ts, int n,
-                       const uint16_t* ks, float* S) {
-  if (D == 64) return scores_c<1>(q8, qs, G, k, ts, n, ks, S);
-  return scores_c<2>(q8, qs, G, k, ts, n, ks, S);
+void nvfp4_page_scores(const int8_t* q8, const float* qs, const int32_t* qc, int G, int D, const uint8_t* k,
+                       size_t ts, int n, const uint16_t* ks, float* S) {
+  if (D == 64) return scores_c<1>(q8, qs, qc, G, k, ts, n, ks, S);
+  return scores_c<2>(q8, qs, qc, G, k, ts, n, ks, S);
 }
 
 // ============================================================================
@@ -249,8 +253,7 @@ static void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, 
         const uint8_t* wg = W + (c * 8 + gi) * 32;
         __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                           _mm256_setzero_si256()};
-        const int j1 = (g0 + 8 < n ? g0 + 8 : n) + 1;
-        for (int j = g0 / 2; j < j1 / 2; ++j) {
+        auto pair = [&](int j) {  // tokens 2j, 2j + 1 of the page
           int64_t wq;
           std::memcpy(&wq, wg + 8 * (j - g0 / 2), 8);
           const __m256i wb = _mm256_set1_epi64x(wq);
@@ -260,6 +263,15 @@ static void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, 
           acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(wa, a[1]));
           acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(wc, a[2]));
           acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(wc, a[3]));
+        };
+        const int j1 = (g0 + 8 < n ? g0 + 8 : n) + 1;
+        if (j1 / 2 - g0 / 2 == 4) {  // a whole group: unrolled (the loop's register copies of acc cost
+          pair(g0 / 2);              // 4 moves a pair, and its branch)
+          pair(g0 / 2 + 1);
+          pair(g0 / 2 + 2);
+          pair(g0 / 2 + 3);
+        } else {
+          for (int j = g0 / 2; j < j1 / 2; ++j) pair(j);
         }
         const float* f = F + (c * 8 + gi) * 8;
         for (int k = 0; k < 4; ++k) {  // acc k: values 8k.. (block k / 2), 32 + 8k.. (block 2 + k / 2)
@@ -276,14 +288,12 @@ static void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, 
 
 bool nvfp4_page_pv(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int G, const float* P, int ldp,
                    const float* alpha, float* o) {
-  uint64_t sgn = 0;  // negative block scales (the encoder writes none): the float path
-  for (int t = 0; t < n; ++t) {
-    uint32_t w[2] = {0, 0};
-    std::memcpy(w, v + t * ts + D / 2, 4);
-    if (D == 128) std::memcpy(w + 1, v + t * ts + D / 2 + 4, 4);
-    sgn |= w[0] | w[1];
-  }
-  if (sgn & 0x80808080u) return false;
+  // negative block scales (the encoder writes none): the float path. Read from ks (the f16
+  // sign bits; a NaN code is 0 there, as the reference reads it), 16 words per vector
+  const int nw = D / 64 * ((n + 7) / 8 * 8) * 4;  // (a multiple of 32 words)
+  __m256i sgn = _mm256_setzero_si256();
+  for (int i = 0; i < nw; i += 16) sgn = _mm256_or_si256(sgn, _mm256_load_si256(reinterpret_cast<const __m256i*>(ks + i)));
+  if (_mm256_movemask_epi8(_mm256_srai_epi16(sgn, 15))) return false;
   if (D == 64) pv_c<1>(v, ts, n, ks, G, P, ldp, alpha, o);
   else pv_c<2>(v, ts, n, ks, G, P, ldp, alpha, o);
   return true;
