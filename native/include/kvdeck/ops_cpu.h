@@ -127,6 +127,7 @@ inline size_t attention_work_floats(int G, int ctx, int block, int D) {
 //   out: query m's G heads at out + m*ldo + g*G*D
 //   work: attention_queries_work_floats(m1 - m0, G, p0 + m1, block, D) floats
 constexpr int kAttnQueryTile = 16;  // queries per tile: 16 x G rows reuse each 2*block*D page in L1
+constexpr int kAttnSubTile = 16;    // queries per rows-kernel call within a tile (attention_queries)
 void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,
                        float scale, float* out, size_t ldo, float* work);
 inline size_t attention_queries_work_floats(int n_queries, int G, int ctx, int block, int D) {

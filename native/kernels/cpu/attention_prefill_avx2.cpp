@@ -23,10 +23,8 @@
 namespace kvdeck::cpu {
 namespace {
 using attn_avx2::page_rows;
-using attn_avx2::pv_rows;
-using attn_avx2::softmax_update;
 
-constexpr int kPv = 2;    // rows per o update (8 accumulators; measured faster than 3)
+constexpr int kPv = 3;    // rows per o update (12 accumulators: FMA latency x 2 pipes, slack)
 constexpr int kRows = 6;  // rows per score micro-kernel (12 accumulators: FMA latency x 2 pipes)
 
 // ============================================================================
@@ -96,6 +94,83 @@ inline void scores_rows(const float* const* q, const float* kt, int kp, int k0, 
 }
 
 // ============================================================================
+// The online softmax update of the NA active rows act[..] of a row block (scores S[r*64 ..],
+// ng vectors of 8; masked keys are -inf): softmax_update's operations per row in its order,
+// phase by phase over the rows (every max, then the scalar m / alpha, then e^(s - m) and the
+// sums) so the rows' dependency chains overlap. A vector past a row's last key is all -inf
+// there: it leaves the max alone and adds e = 0 (exactly) to the sum.
+// ============================================================================
+template <int NA>
+inline void softmax_rows(const int* act, int ng, const float* S, float* const* m, float* const* l, float* P,
+                         float* alpha) {
+  __m256 vmax[NA], ps[NA], vm[NA];
+  for (int a = 0; a < NA; ++a) vmax[a] = _mm256_set1_ps(-INFINITY), ps[a] = _mm256_setzero_ps();
+  for (int gi = 0; gi < ng; ++gi)
+    for (int a = 0; a < NA; ++a) vmax[a] = _mm256_max_ps(vmax[a], _mm256_load_ps(S + act[a] * 64 + 8 * gi));
+  float mx[NA];
+  for (int a = 0; a < NA; ++a) mx[a] = attn_avx2::hmax(vmax[a]);
+  for (int a = 0; a < NA; ++a) {
+    const int r = act[a];
+    const float mo = *m[r], m_new = mx[a] > mo ? mx[a] : mo;
+    alpha[a] = m_new == mo && mo > -INFINITY ? 1.0f : flush_exp(mo - m_new);  // e^0 = 1 exactly
+    *m[r] = m_new;
+    vm[a] = _mm256_set1_ps(m_new);
+  }
+  for (int gi = 0; gi < ng; ++gi)
+    for (int a = 0; a < NA; ++a) {
+      const __m256 x = _mm256_load_ps(S + act[a] * 64 + 8 * gi);
+      const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(x, vm[a])), valid);
+      _mm256_store_ps(P + a * 64 + 8 * gi, e);
+      ps[a] = _mm256_add_ps(ps[a], e);
+    }
+  for (int a = 0; a < NA; ++a) *l[act[a]] = std::fma(*l[act[a]], alpha[a], hsum(ps[a]));
+}
+
+// ============================================================================
+// o = o·alpha + Σ_{t < n} p_t v_t for NR rows, 32 columns at a time (4·NR accumulators, each V
+// load feeding NR FMAs): pv_rows's chains (o·alpha, then + p_t·v_t for t ascending), with the
+// multiply left out where alpha is 1 (o·1 = o) and the causal edge's pass only for the rows
+// that see more keys than the shortest.
+// ============================================================================
+template <int D, int NR>
+inline void pv_block(const float* V, size_t vs, const float* P, const int* n, const float* alpha,
+                     float* const* o) {
+  static_assert(D % 32 == 0, "32 columns at a time");
+  int nc = n[0];
+  for (int r = 1; r < NR; ++r) nc = n[r] < nc ? n[r] : nc;
+  for (int c0 = 0; c0 < D; c0 += 32) {
+    __m256 x[NR][4];
+    for (int r = 0; r < NR; ++r) {
+      for (int c = 0; c < 4; ++c) x[r][c] = _mm256_loadu_ps(o[r] + c0 + 8 * c);
+      if (alpha[r] != 1.0f)
+        for (int c = 0; c < 4; ++c) x[r][c] = _mm256_mul_ps(x[r][c], _mm256_set1_ps(alpha[r]));
+    }
+    const float* vt = V + c0;
+    for (int t = 0; t < nc; ++t, vt += vs) {
+      __m256 p[NR];
+      for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P + r * 64 + t);
+      for (int c = 0; c < 4; ++c) {
+        __m256 v = _mm256_loadu_ps(vt + 8 * c);
+        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
+        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);
+  }
+  for (int r = 0; r < NR; ++r)  // rows that see more keys of this page (the causal edge): the
+    for (int c0 = 0; c0 < D && nc < n[r]; c0 += 32) {  // same chains, continued from the stored partials
+      __m256 x[4];
+      for (int c = 0; c < 4; ++c) x[c] = _mm256_loadu_ps(o[r] + c0 + 8 * c);
+      for (int t = nc; t < n[r]; ++t)
+        for (int c = 0; c < 4; ++c)
+          x[c] = _mm256_fmadd_ps(_mm256_broadcast_ss(P + r * 64 + t), _mm256_loadu_ps(V + t * vs + c0 + 8 * c), x[c]);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[c]);
+    }
+}
+
+// ============================================================================
 // R rows of one segment starting at t0 that share its pages: row r ends at end[r].
 // ============================================================================
 template <int D>
@@ -132,18 +207,26 @@ void segment_rows(const KvView& kv, int g, int R, const float* const* q, const i
       }
       if (!any) continue;
       for (int k0 = 0; k0 < kn; k0 += 16) scores_rows<D>(qr, kt, kp, k0, nr, scale, S);
-      float alpha[kRows];
+      int act[kRows], na = 0;  // the rows that see keys of this page
       for (int i = 0; i < kRows; ++i)
-        if (nr[i] > 0) alpha[i] = softmax_update(S + i * 64, nr[i], m[r0 + i], l[r0 + i], P + i * 64);
-      for (int i0 = 0; i0 < kRows; i0 += kPv) {  // the active rows of each group
-        const float* pr[kPv];
+        if (nr[i] > 0) act[na++] = i;
+      float alpha[kRows];
+      switch (na) {  // P, alpha: the compacted rows
+        case 6: softmax_rows<6>(act, kn / 8, S, m + r0, l + r0, P, alpha); break;
+        case 5: softmax_rows<5>(act, kn / 8, S, m + r0, l + r0, P, alpha); break;
+        case 4: softmax_rows<4>(act, kn / 8, S, m + r0, l + r0, P, alpha); break;
+        case 3: softmax_rows<3>(act, kn / 8, S, m + r0, l + r0, P, alpha); break;
+        case 2: softmax_rows<2>(act, kn / 8, S, m + r0, l + r0, P, alpha); break;
+        default: softmax_rows<1>(act, kn / 8, S, m + r0, l + r0, P, alpha);
+      }
+      for (int a0 = 0; a0 < na; a0 += kPv) {
+        const int k = na - a0 < kPv ? na - a0 : kPv;
         float* orow[kPv];
-        int nn[kPv], k = 0;
-        float al[kPv];
-        for (int i = i0; i < i0 + kPv && i < kRows; ++i)
-          if (nr[i] > 0) pr[k] = P + i * 64, orow[k] = o[r0 + i], nn[k] = nr[i], al[k++] = alpha[i];
-        if (k == 2) pv_rows<D, 2>(V, vs, pr, nn, al, orow);
-        else if (k == 1) pv_rows<D, 1>(V, vs, pr, nn, al, orow);
+        int nn[kPv];
+        for (int j = 0; j < k; ++j) orow[j] = o[r0 + act[a0 + j]], nn[j] = nr[act[a0 + j]];
+        if (k == 3) pv_block<D, 3>(V, vs, P + a0 * 64, nn, alpha + a0, orow);
+        else if (k == 2) pv_block<D, 2>(V, vs, P + a0 * 64, nn, alpha + a0, orow);
+        else pv_block<D, 1>(V, vs, P + a0 * 64, nn, alpha + a0, orow);
       }
     }
   }
