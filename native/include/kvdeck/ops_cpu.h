@@ -128,8 +128,8 @@ inline size_t attention_work_floats(int G, int ctx, int block, int D) {
 //   work: attention_queries_work_floats(m1 - m0, G, p0 + m1, block, D) floats
 // Queries per tile at most: a tile walks each 256-key segment (K and V: 2·256·D floats, in L2)
 // in sub-tiles of kAttnSubTile queries (x G rows, their q and o in L1), so the pages come from
-// DRAM / L3 once per tile (measured 2026-12-02, 500 new over 4,000 cached: 16 -> 64 queries
-// ~1.1-1.3x under load; see docs/ENGINE.md).
+// DRAM / L3 once per tile (2026-12-02, 500 new over 4,000 cached, 1 thread, load ~8: 16 -> 64
+// queries 1.14x; docs/ENGINE.md).
 constexpr int kAttnQueryTile = 64;
 constexpr int kAttnSubTile = 16;
 void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,

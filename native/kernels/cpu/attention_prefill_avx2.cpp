@@ -1,14 +1,15 @@
 // attention_prefill_avx2.cpp — prefill attention: many query rows over the pages of one
 // segment, flash-attention style (AVX2 + FMA + F16C; compiled with -mavx2 -mfma -mf16c).
 //
-// A page's K is transposed once into Kt [D, keys] and shared by every row of the tile (the
-// queries of a tile times the G query heads of the KV head: GQA). Scores come from a 6-row ×
-// 16-key micro-kernel (q broadcast, Kt rows as vectors of 8 keys: no horizontal adds, 12
-// independent accumulators), the online softmax update runs per row, and o += p·V runs on
-// two rows at once so each V load feeds two FMAs. The arithmetic is decode's (page_group in
-// attention_avx2.cpp) operation for operation on f32 / f16 rows: lane l of a score is the FMA chain over
-// q[8c+l]·k[8c+l], c ascending, and the 8 lanes are added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))
-// as its hadd tree does; softmax_update and pv_rows are shared. So prefill == decode bit for bit.
+// Each page is shared by every row of the call (the queries of a sub-tile times the G query
+// heads of the KV head: GQA), 6 rows at a time: scores by decode's dot4 (attention_avx2.h: 3
+// rows x 4 keys, K read in place, q as the FMAs' memory operand), the online softmax update
+// of the 6 rows phase by phase, then o = o·alpha + Σ p·V three rows at a time (each V load
+// feeds three FMAs). The arithmetic is decode's (page_group in attention_avx2.cpp) operation
+// for operation on f32 / f16 rows: the same dot4, softmax_update's operations per row
+// (softmax_rows), pv_rows's chains per value (pv_block; the multiply by alpha = 1 left out,
+// o·1 = o). So prefill == decode bit for bit (tests/native/test_attention*.py), which is what
+// lets a cached call whose prefix holds decoded tokens equal a cold prefill.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -25,7 +26,7 @@ namespace {
 using attn_avx2::page_rows;
 
 constexpr int kPv = 3;    // rows per o update (12 accumulators: FMA latency x 2 pipes, slack)
-constexpr int kRows = 6;  // rows per score micro-kernel (12 accumulators: FMA latency x 2 pipes)
+constexpr int kRows = 6;  // rows per block: two dot4<3> per 4 keys
 
 // ============================================================================
 // The online softmax update of the NA active rows act[..] of a row block (scores S[r*64 ..],
