@@ -294,8 +294,12 @@ class CpuBackend final : public Backend {
     }
     // One task per (tile of queries, KV head): the tile's queries share each page they read
     // (attention_queries). Later tiles see more context; tasks are claimed dynamically, so the
-    // load balances itself.
-    const int QT = attn_tile_, tiles = (M + QT - 1) / QT;
+    // load balances itself. Tiles of up to attn_tile_ queries, smaller where that would leave
+    // fewer than 4 tasks per thread (a short chunk), never below kAttnSubTile.
+    const int few = std::max(1, (M * nkv + 4 * threads_ - 1) / (4 * threads_));
+    const int QT = std::min(attn_tile_, std::max(std::min(cpu::kAttnSubTile, attn_tile_),
+                                                 round_up(few, cpu::kAttnSubTile)));
+    const int tiles = (M + QT - 1) / QT;
     const size_t work_floats = cpu::attention_queries_work_floats(QT, G, ctx, pool.block(), D);
     pool_.run(tiles * nkv, [&](int task, int thread) {
       const int tile = tiles - 1 - task / nkv, g = task % nkv;  // longest contexts first
@@ -327,12 +331,12 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
-  // Queries per prefill attention tile (KVDECK_ATTN_TILE, 1..64; 1 = a query at a time, the
-  // pre-tiling behaviour, kept for A/B measurements).
+  // Queries per prefill attention tile at most (KVDECK_ATTN_TILE, 1..256; 1 = a query at a
+  // time, the pre-tiling behaviour, kept for A/B measurements).
   int attn_tile_ = [] {
     const char* s = std::getenv("KVDECK_ATTN_TILE");
     const int v = s && *s ? std::atoi(s) : cpu::kAttnQueryTile;
-    return std::clamp(v, 1, 64);
+    return std::clamp(v, 1, 256);
   }();
   int act_bits_ = 8;
   // KVDECK_Q41_REPACK=0 keeps GGUF Q4_1 in the file layout on a16 (for A/B runs).

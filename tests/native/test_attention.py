@@ -161,7 +161,7 @@ def test_backend_attention_matches_oracle(kv, shape, p0, M):
 @pytest.mark.parametrize("kv", ["f32", "f16", "nvfp4"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_prefill_rows_equal_decode_steps_bitwise(kv, shape):
-    """A prefill tile (the flash kernel: 6-row score blocks, two-row o updates, causal pages)
+    """A prefill tile (the flash kernel: 6-row blocks, dot4 scores, three-row o updates, causal pages)
     gives each query exactly what a decode step over the same pages gives, on 1 or 2 threads.
     Over nvfp4 pages with integer decode scores (int8 q) the two differ by q's rounding: then
     within INT8_TOL of each other, and decode on 1 thread == decode on 2, bit for bit."""

@@ -126,7 +126,12 @@ inline size_t attention_work_floats(int G, int ctx, int block, int D) {
 //   q  : query m's G heads at q + m*ldq + g*G*D (f32, roped)
 //   out: query m's G heads at out + m*ldo + g*G*D
 //   work: attention_queries_work_floats(m1 - m0, G, p0 + m1, block, D) floats
-constexpr int kAttnQueryTile = 16;  // queries per tile: 16 x G rows reuse each 2*block*D page in L1
+// Queries per tile at most: a tile walks each 256-key segment (K and V: 2·256·D floats, in L2)
+// in sub-tiles of kAttnSubTile queries (x G rows, their q and o in L1), so the pages come from
+// DRAM / L3 once per tile (2026-12-02, 500 new over 4,000 cached, 1 thread, load ~8: 16 -> 64
+// queries 1.14x; docs/ENGINE.md).
+constexpr int kAttnQueryTile = 64;
+constexpr int kAttnSubTile = 16;
 void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,
                        float scale, float* out, size_t ldo, float* work);
 inline size_t attention_queries_work_floats(int n_queries, int G, int ctx, int block, int D) {

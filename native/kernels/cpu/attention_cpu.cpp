@@ -218,6 +218,10 @@ void attention_combine(const float* o, const float* m, const float* l, int S, in
 void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,
                        float scale, float* out, size_t ldo, float* work) {
   const int D = kv.D, Qn = m1 - m0, seg = attn_segment(kv.block);
+  static const int sub = [] {  // (KVDECK_ATTN_SUBTILE: A/B runs)
+    const char* e = std::getenv("KVDECK_ATTN_SUBTILE");
+    return e && *e ? std::atoi(e) : kAttnSubTile;
+  }();
   const int Smax = (p0 + m1 + seg - 1) / seg;
   float* o = work;                                  // [Qn, Smax, G, D]
   float* m = o + size_t(Qn) * Smax * G * D;         // [Qn, Smax, G]
@@ -234,14 +238,18 @@ void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int 
 #else
   const bool rows = false;
 #endif
+  // The rows kernel over segment s, kAttnSubTile queries (x G rows, their q / o in L1) at a
+  // time: the sub-tiles walk the segment one after another, so its pages (2·seg·D floats of
+  // K and V) come from L2 after the first. A row's arithmetic is the same whatever the split.
+  // False when the ISA has no rows kernel for this view (nothing computed).
   thread_local std::vector<const float*> rq;
   thread_local std::vector<float*> ro, rm, rl;
   thread_local std::vector<int> rend;
-  for (int s = 0; s < Smax; ++s) {
+  auto rows_segment = [&](int s) {
     const int t0 = s * seg;
-    if (rows) {
+    for (int i0 = 0; i0 < Qn; i0 += sub) {
       rq.clear(), ro.clear(), rm.clear(), rl.clear(), rend.clear();
-      for (int i = 0; i < Qn; ++i) {
+      for (int i = i0; i < Qn && i < i0 + sub; ++i) {
         const int ctx = ctx_of(i);
         if (ctx <= t0) continue;
         for (int h = 0; h < G; ++h) {
@@ -252,16 +260,24 @@ void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int 
           rend.push_back(ctx < t0 + seg ? ctx : t0 + seg);
         }
       }
+      if (rq.empty()) continue;
 #if defined(__x86_64__)
-      if (attention_rows_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
-                              rl.data(), tile))
-        continue;
+      if (!attention_rows_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
+                               rl.data(), tile))
+        return false;
 #elif defined(__aarch64__)
-      if (attention_rows_neon(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
-                              rl.data()))
-        continue;
+      if (!attention_rows_neon(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
+                               rl.data()))
+        return false;
+#else
+      return false;
 #endif
     }
+    return true;
+  };
+  for (int s = 0; s < Smax; ++s) {
+    const int t0 = s * seg;
+    if (rows && rows_segment(s)) continue;
     for (int i = 0; i < Qn; ++i) {  // portable path: one query's segment at a time
       const int ctx = ctx_of(i);
       if (ctx <= t0) continue;
