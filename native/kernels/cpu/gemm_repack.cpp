@@ -1,6 +1,7 @@
 // gemm_repack.cpp — the NVFP4 repack to the Nvfp4X4 layout (kernels.h), the layout choice per
 // kernel set, and the scalar reader of the repacked layout (the reference the SIMD readers
-// are checked against, and what a kernel set without a repacked kernel falls back to).
+// are checked against, and what a kernel set without a repacked kernel falls back to). The
+// activation packing the AVX2 reader eats (X4Acts) is in gemm_repack_avx2.cpp, its only user.
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -55,41 +56,6 @@ void repack_nvfp4_x4(const uint8_t* codes, const uint8_t* scales, int N, int Kp,
 }
 
 namespace cpu {
-
-void pack_acts_x4(const ActQ8& xq, const X4Geom& geo, int m0, int mb, X4Acts* out /*[mb, packed]*/) {
-  const int Kp = xq.Kp, nb = Kp / kQ8Block, npk = x4_packed_chunks(geo);
-  for (int mi = 0; mi < mb; ++mi) {
-    const int m = m0 + mi;
-    const int8_t* q = xq.q + size_t(m) * Kp;  // [Kp]
-    X4Acts* row = out + size_t(mi) * npk;
-    std::memset(row, 0, sizeof(X4Acts) * npk);
-    auto block_sum = [&](int jb) {
-      int s = 0;
-      for (int i = 0; i < 16; ++i) s += q[16 * jb + i];
-      return s;
-    };
-    for (int c = 0; c < geo.C; ++c) {
-      X4Acts& pk = row[c];
-      for (int j = 0; j < 8; ++j) {
-        const int jb = 8 * c + j;
-        const int8_t* qb = q + 16 * jb;  // [16]
-        for (int h = 0; h < 2; ++h)
-          for (int i = 0; i < 4; ++i) pk.e[h][4 * j + i] = qb[8 * h + 2 * i], pk.o[h][4 * j + i] = qb[8 * h + 2 * i + 1];
-        pk.corr[j] = -kNvfp4Offset * block_sum(jb);
-        pk.d[j] = xq.d[size_t(m) * nb + jb / 2] * 128.0f;
-      }
-    }
-    const int nt = 2 * geo.t;
-    for (int L = 0; L < 2 * nt; ++L) {  // tail lanes in stored order
-      X4Acts& pk = row[geo.C + L / 8];
-      const int l = L % 8, h = L / nt, j = L % nt, jb = 8 * geo.C + j;
-      const int8_t* qb = q + 16 * jb + 8 * h;  // [8]
-      for (int i = 0; i < 4; ++i) pk.e[0][4 * l + i] = qb[2 * i], pk.o[0][4 * l + i] = qb[2 * i + 1];
-      pk.corr[l] = h == 0 ? -kNvfp4Offset * block_sum(jb) : 0;
-      pk.d[l] = xq.d[size_t(m) * nb + jb / 2] * 128.0f;
-    }
-  }
-}
 
 void gemm_nvfp4_x4_scalar(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   const int Kp = w.Kp, nb = Kp / kQ8Block;

@@ -53,7 +53,7 @@ inline X4Row x4_row(const WeightView& w, int n) {
   return row;
 }
 
-// ---- activations packed for the SIMD readers (gemm_repack.cpp) -----------------------
+// ---- activations packed for the AVX2 reader (gemm_repack_avx2.cpp) ----------------------
 // One activation row's chunk, laid out to meet the two code parts.
 //   Full chunk: lane j of part h is 16-block j (a 64-byte [part 0 | part 1] load of e or o
 //   meets a 64-byte load of codes; a 32-byte load meets one part).
@@ -72,7 +72,8 @@ struct alignas(64) X4Acts {
 
 // Packed chunks per activation row: the full ones, then 0, 1 or 2 for the tail.
 inline int x4_packed_chunks(const X4Geom& g) { return g.C + (g.t > 0) + (g.t == 3); }
-// Rows [m0, m0 + mb) of xq -> out [mb, x4_packed_chunks].
+// Rows [m0, m0 + mb) of xq -> out [mb, x4_packed_chunks] (gemm_repack_avx2.cpp: SSSE3 code,
+// called from the AVX2 reader only).
 void pack_acts_x4(const ActQ8& xq, const X4Geom& geo, int m0, int mb, X4Acts* out);
 
 // Scale byte per lane of the tail vectors (-1: zero), per t = 1..3 and vector 0 / 1.
