@@ -100,17 +100,20 @@ def decode_us(eng, ctx: int, steps: int, reps: int, logits: bool = False) -> flo
         eng.close_sequence(s)
 
 
-def prefill_tps(eng, n: int, reps: int) -> float:
-    ids = _ids(n, 2)
-    times = []
-    for r in range(reps + 1):
-        s = eng.open_sequence(0)
+def prefill_s(eng, ids: np.ndarray) -> float:
+    """Seconds of one prefill of ids in a fresh sequence (cache-free: forward_greedy of all ids)."""
+    s = eng.open_sequence(0)
+    try:
         t0 = time.perf_counter()
         eng.forward_greedy(s, ids, None)
-        dt = time.perf_counter() - t0
+        return time.perf_counter() - t0
+    finally:
         eng.close_sequence(s)
-        if r:
-            times.append(dt)  # the first is a warm-up
+
+
+def prefill_tps(eng, n: int, reps: int) -> float:
+    ids = _ids(n, 2)
+    times = [prefill_s(eng, ids) for _ in range(reps + 1)][1:]  # the first is a warm-up
     return n / statistics.median(times)
 
 
@@ -128,11 +131,7 @@ def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
     for r in range(reps + 1):
         for arm, env in PREFILL_ARMS.items():
             with gpu_model.switches(env):
-                s = eng.open_sequence(0)
-                t0 = time.perf_counter()
-                eng.forward_greedy(s, ids, None)
-                dt = time.perf_counter() - t0
-                eng.close_sequence(s)
+                dt = prefill_s(eng, ids)
             if r:
                 times[arm].append(dt)  # the first of each is a warm-up
     return {arm: n / statistics.median(t) for arm, t in times.items()}
