@@ -13,7 +13,9 @@
 // instead of the f16 mma) is read by gemm_mma.cu at every launch; KVDECK_CUDA_CTX_BUCKETS=0
 // records one decode step per kind instead of one per context bucket of its key with the
 // attention grids sized for the bucket (backend_cuda_state.h); KVDECK_CUDA_ATTN_Q8=0 quantises
-// the o projection's input in a kernel of its own instead of in the attention combine.
+// the o projection's input in a kernel of its own instead of in the attention combine;
+// KVDECK_CUDA_L2PF=<MB> (and _CAP, _SITES, _MODE, _EARLY) asks L2 for the next GEMVs' weights
+// from the kernels before them (backend_cuda_state.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,6 +53,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (!p) return;
     flush();
     cudaStreamSynchronize(st_);
+    pf_seq_.clear(), pf_last_.clear();  // a freed weight must not be prefetched
     cudaFree(p);
   }
   // Returns once src may be reused (ordered on the stream). Small uploads (a step's ids,
@@ -109,7 +112,9 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Norm n = p_norm_;
       p_norm_ = {};
       flush();
-      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_,
+                                 M == 1 ? pf_for('n') : nullptr),
+            "rmsnorm");
     } else if (p_attn_.out == x && M == 1 && K == p_attn_.nh * p_attn_.kv.D && Kp == K) {
       const Attn a = p_attn_;  // the combine writes the q8 (attention_decode's q8)
       p_attn_ = {};
@@ -119,7 +124,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       flush();
-      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
+      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_, M == 1 ? pf_for('s') : nullptr),
+            "silu_mul");
     } else {
       flush();
       check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
@@ -143,6 +149,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       if (e != cudaErrorInvalidValue) return check(e, "matmul (tensor cores)");
       cudaGetLastError();  // a shape the tile kernel refuses (alignment): the GEMV chunks below
     }
+    if (M == 1) pf_note(w);
     for (int m0 = 0; m0 < M; m0 += 8) {
       const int R = std::min(8, M - m0);
       float* yr = y + size_t(m0) * ldy;
@@ -191,6 +198,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
     if (!one) return Backend::matmul_many(outs, n, x, xq, M);
     cuda::GemvWeight g[4];
+    for (int i = 0; i < n; ++i) pf_note(*outs[i].w);  // blocks run weight 0's rows first
     for (int i = 0; i < n; ++i)
       g[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N,
               outs[i].y};
@@ -235,7 +243,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       p_rope_.clear();
       flush();
       check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
-                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
+                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_,
+                                M == 1 ? pf_for('r') : nullptr),
             "rope_kv_write");
       ctx_fresh_ = M == 1 ? kr.pos : nullptr;
       unroped_k_ = kr;  // k stays unrotated: an attention_fresh reading it rotates it first

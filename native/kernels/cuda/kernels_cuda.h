@@ -330,13 +330,28 @@ cudaError_t sample_token(const float* logits, int V, const uint32_t* mask, const
                          size_t ws_bytes, int32_t* out, cudaStream_t stream);
 
 // ---- fused decode-step kernels (fused.cu; launched with PDL on sm_90+) ----
+// L2 prefetch riding on a fused kernel (KVDECK_CUDA_L2PF, backend_cuda_state.h): `blocks` extra
+// blocks of the kernel wait for the previous kernel like the others, then ask L2 for the byte
+// ranges (the next GEMVs' weights: DRAM is idle while the latency-bound kernels run) and exit;
+// nothing is read back, so results do not change. mode 1: cp.async.bulk.prefetch.L2 (sm_90;
+// below it per line), 2: prefetch.global.L2 per 128-byte line. Ranges 16-byte aligned. Only the
+// vector kernels (every decode step of the engine) take it; the others ignore it.
+struct L2Prefetch {
+  static constexpr int kMax = 6;
+  const void* p[kMax] = {};
+  uint32_t n[kMax] = {};  // bytes, multiples of 16
+  int count = 0;
+  int blocks = 0;  // extra blocks of the launch (0: none)
+  int mode = 1;
+  bool early = false;  // ask before the PDL wait (while the previous kernel still runs)
+};
 // x[r] += y[r] (y may be null), h[r] = x[r] / rms(x[r]) * w (h may equal x), and, when q is
 // given, h's q8 exactly as quantize_act_q8 (q [M, Kp], d, s [M, Kp/32]). One block per row.
 cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int n, float eps, float* h, int Kp,
-                           int8_t* q, float* d, int32_t* s, cudaStream_t stream);
+                           int8_t* q, float* d, int32_t* s, cudaStream_t stream, const L2Prefetch* pf = nullptr);
 // y = silu(a) * b (a, b, y [M, n] packed) and y's q8 (q [M, Kp], d, s [M, Kp/32]).
 cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, float* y, int8_t* q, float* d,
-                        int32_t* s, cudaStream_t stream);
+                        int32_t* s, cudaStream_t stream, const L2Prefetch* pf = nullptr);
 // RoPE (rotate-half at pos[m]) of q in place (q may be null) and of k, and kv_write of the
 // roped k and of v into the pool slots (format as kv_write); k itself is left unrotated.
 // ctx (may be null): ctx[0] = pos[0] + 1, for attention_decode. M > 8 (prefill): one sine and
@@ -344,6 +359,7 @@ cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, fl
 // launch: one per item as for decode).
 cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const float* v, int ldk, int n_kv, int D,
                           int M, const int32_t* pos, const float* inv_freq, int format, void* k_pages,
-                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream);
+                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream,
+                          const L2Prefetch* pf = nullptr);
 
 }  // namespace kvdeck::cuda

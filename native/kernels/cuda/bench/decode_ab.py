@@ -24,10 +24,20 @@ from app.bench import gpu, gpu_model
 
 SMOL = [("defaults", {}),
         ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
-        ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
+        ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"}),
+        ("L2PF=8 (next GEMVs' weights to L2, 8 MB a site)", {"KVDECK_CUDA_L2PF": "8"}),
+        ("L2PF=24", {"KVDECK_CUDA_L2PF": "24"}),
+        ("L2PF=8 SITES=r (rope + KV only)", {"KVDECK_CUDA_L2PF": "8", "KVDECK_CUDA_L2PF_SITES": "r"})]
 BIG = [("defaults", {}),
        ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
-       ("COMBINE_TRIGGER=1 (q8 in the combine, early trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"})]
+       ("COMBINE_TRIGGER=1 (q8 in the combine, early trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"}),
+       ("L2PF=16 (next GEMVs' weights to L2, 16 MB a site)", {"KVDECK_CUDA_L2PF": "16"}),
+       ("L2PF=24", {"KVDECK_CUDA_L2PF": "24"}),
+       ("L2PF=40 CAP=44", {"KVDECK_CUDA_L2PF": "40", "KVDECK_CUDA_L2PF_CAP": "44"}),
+       ("L2PF=24 MODE=2 (prefetch.global.L2 per line)", {"KVDECK_CUDA_L2PF": "24", "KVDECK_CUDA_L2PF_MODE": "2"}),
+       ("L2PF=24 EARLY=1 (asked before the PDL wait)", {"KVDECK_CUDA_L2PF": "24", "KVDECK_CUDA_L2PF_EARLY": "1"}),
+       ("L2PF=24 SITES=r (rope + KV only)", {"KVDECK_CUDA_L2PF": "24", "KVDECK_CUDA_L2PF_SITES": "r"}),
+       ("L2PF=24 SITES=ns (norms, silu)", {"KVDECK_CUDA_L2PF": "24", "KVDECK_CUDA_L2PF_SITES": "ns"})]
 
 
 def build(env: dict, *args, **kw):
