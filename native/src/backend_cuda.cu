@@ -15,7 +15,9 @@
 // attention grids sized for the bucket (backend_cuda_state.h); KVDECK_CUDA_ATTN_Q8=0 quantises
 // the o projection's input in a kernel of its own instead of in the attention combine;
 // KVDECK_CUDA_L2PF=<MB> (and _CAP, _SITES, _MODE, _EARLY) asks L2 for the next GEMVs' weights
-// from the kernels before them (backend_cuda_state.h).
+// from the kernels before them (backend_cuda_state.h); KVDECK_CUDA_GEMV_QKV / _GU / _M1 =
+// <kernels_cuda.h GemvM1Cfg> pick the batch-1 GEMV configuration of the q/k/v and gate/up
+// launches and of the single-weight ones (o, down, head).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -165,11 +167,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
           break;
         case DType::NVFP4:
           e = cuda::gemv_nvfp4_dp4a(codes, static_cast<const uint8_t*>(w.scales), w.tscale, w.N, Kp, q, d, R, yr, ldy,
-                                    st_, pdl_);
+                                    st_, pdl_, gemv_m1_);
           break;
         case DType::W4A8:
           e = cuda::gemv_w4a8(codes, static_cast<const uint16_t*>(w.scales), w.group, w.N, Kp, q, d, s, R, yr, ldy,
-                              st_, pdl_);
+                              st_, pdl_, gemv_m1_);
           if (e == cudaSuccess && w.mins)
             e = cuda::w4a8_mins_add(static_cast<const uint16_t*>(w.mins), static_cast<const uint16_t*>(w.scales), w.N,
                                     Kp, d, s, R, yr, ldy, st_);
@@ -203,7 +205,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       g[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N,
               outs[i].y};
     check(cuda::gemv_many_m1(w0.dtype == DType::NVFP4 ? 0 : 1, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, xq.act.s,
-                             st_, pdl_),
+                             st_, pdl_, n == 2 ? gemv_gu_ : gemv_qkv_),
           "matmul (batch 1)");
   }
   void add_bias(float* x, const float* b, int M, int n, int ld) override {

@@ -15,6 +15,10 @@ bool env_on(const char* name, bool dflt) {
   const char* s = std::getenv(name);
   return s && *s ? std::string(s) != "0" : dflt;
 }
+int env_int(const char* name, int dflt) {
+  const char* s = std::getenv(name);
+  return s && *s ? std::atoi(s) : dflt;
+}
 
 // =====================================================================================
 // Device, stream, staging

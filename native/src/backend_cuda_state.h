@@ -27,6 +27,7 @@
 namespace kvdeck::cuda_backend {
 
 bool env_on(const char* name, bool dflt);
+int env_int(const char* name, int dflt);
 
 class CudaState {
  protected:
@@ -147,6 +148,11 @@ class CudaState {
   // default; KVDECK_CUDA_ATTN_Q8=0 runs quantize_act_q8 after the combine (the A/B; NOTES.md
   // session 7).
   bool attn_q8_ = env_on("KVDECK_CUDA_ATTN_Q8", true);
+  // Batch-1 GEMV configuration (kernels_cuda.h GemvM1Cfg) of q/k/v (3 weights a launch), gate/up
+  // (2) and single weights: the A/B of session 8 (NOTES.md); 0 = R1 U2 pipelined everywhere.
+  int gemv_qkv_ = env_int("KVDECK_CUDA_GEMV_QKV", 0);
+  int gemv_gu_ = env_int("KVDECK_CUDA_GEMV_GU", 0);
+  int gemv_m1_ = env_int("KVDECK_CUDA_GEMV_M1", 0);
 };
 
 }  // namespace kvdeck::cuda_backend

@@ -83,3 +83,17 @@ def test_l2_prefetch_same_kernels_and_logits(monkeypatch, capfd, env):
     assert b1[0] > b0[0] + LAYERS, (b0, b1)  # extra blocks at (nearly) every site
     for a, b in zip(on, off):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("env", [{"KVDECK_CUDA_GEMV_QKV": "1", "KVDECK_CUDA_GEMV_GU": "4", "KVDECK_CUDA_GEMV_M1": "2"},
+                                 {"KVDECK_CUDA_GEMV_QKV": "3", "KVDECK_CUDA_GEMV_GU": "1", "KVDECK_CUDA_GEMV_M1": "3"},
+                                 {"KVDECK_CUDA_GEMV_QKV": "2", "KVDECK_CUDA_GEMV_GU": "2", "KVDECK_CUDA_GEMV_M1": "4"}])
+def test_gemv_configs_same_logits(monkeypatch, capfd, env):
+    """Every batch-1 GEMV configuration (rows a warp, chunks in flight, pipelined or not) sums
+    each row in the same order: the decode steps' logits equal the default's bit for bit."""
+    zero = {k: "0" for k in env}
+    k0, _, _, base = _captured_step(monkeypatch, capfd, "f16", zero)
+    k1, _, _, other = _captured_step(monkeypatch, capfd, "f16", env)
+    assert k1 == k0
+    for a, b in zip(other, base):
+        np.testing.assert_array_equal(a, b)

@@ -55,9 +55,14 @@ cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, c
 //   xq, xd: quantize_act_q8's q [M, Kp] and d [M, Kp/32]
 // E4M3 scales are decoded as finite (0x7F/0xFF, NaN in E4M3, never written by the
 // quantiser, decode as 480).
+// m1cfg (batch 1 only; gemv_w4a8 and gemv_many_m1 alike): rows a warp R, chunks in flight a
+// lane U, next step's weights loaded during this one (P) — 0 R1 U2 P (the default), the others
+// for the backend's A/B (KVDECK_CUDA_GEMV_*, backend_cuda.cu). Every one sums each row in the
+// same order: the same bits.
+enum GemvM1Cfg { kGemvM1Default = 0, kGemvM1U1P = 1, kGemvM1R2U2P = 2, kGemvM1U2 = 3, kGemvM1U4 = 4 };
 cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
                             const int8_t* xq, const float* xd, int M, float* y, int ldy,
-                            cudaStream_t stream, bool pdl = false);
+                            cudaStream_t stream, bool pdl = false, int m1cfg = 0);
 
 // NVFP4, floating path (the measured alternative): codes mapped by the same byte-permute
 // lookup to f16, half2 FMA against f16 activations within a 16-block (a 16-term f16 sum),
@@ -74,7 +79,7 @@ cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float ts
 //   xq, xd, xs: quantize_act_q8's q, d, s.
 cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, int N, int Kp,
                       const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
-                      cudaStream_t stream, bool pdl = false);
+                      cudaStream_t stream, bool pdl = false, int m1cfg = 0);
 
 // Batch 1 with the activation quantisation fused in (gemv_fused.cu): x f32 [K] is quantised
 // per 32-block into shared memory exactly as quantize_act_q8 does, then y[n] = the GEMV above
@@ -101,7 +106,7 @@ struct GemvWeight {
   float* y;
 };
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
-                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false);
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false, int m1cfg = 0);
 
 // Prefill GEMM, M > 8, on the tensor cores (gemm_mma.cu): int8 mma.sync of the weight codes
 // (fmt 0 NVFP4 as 2*e2m1, 1 W4A8 as nibble - 8, 2 W8A8) against quantize_act_q8's q, exact
