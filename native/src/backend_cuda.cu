@@ -14,10 +14,8 @@
 // records one decode step per kind instead of one per context bucket of its key with the
 // attention grids sized for the bucket (backend_cuda_state.h); KVDECK_CUDA_ATTN_Q8=0 quantises
 // the o projection's input in a kernel of its own instead of in the attention combine;
-// KVDECK_CUDA_L2PF=<MB> (and _CAP, _SITES, _MODE, _EARLY) asks L2 for the next GEMVs' weights
-// from the kernels before them (backend_cuda_state.h); KVDECK_CUDA_GEMV_QKV / _GU / _M1 =
-// <kernels_cuda.h GemvM1Cfg> pick the batch-1 GEMV configuration of the q/k/v and gate/up
-// launches and of the single-weight ones (o, down, head).
+// KVDECK_CUDA_GEMV_GU=0 / 1 runs the batch-1 gate/up GEMV pipelined at two chunks a lane / at
+// four chunks unpipelined for every Kp (default: four for Kp >= 2048; backend_cuda_state.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,7 +53,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     if (!p) return;
     flush();
     cudaStreamSynchronize(st_);
-    pf_seq_.clear(), pf_last_.clear();  // a freed weight must not be prefetched
     cudaFree(p);
   }
   // Returns once src may be reused (ordered on the stream). Small uploads (a step's ids,
@@ -114,9 +111,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Norm n = p_norm_;
       p_norm_ = {};
       flush();
-      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_,
-                                 M == 1 ? pf_for('n') : nullptr),
-            "rmsnorm");
+      check(cuda::add_rmsnorm_q8(n.x, n.y, n.w, M, K, n.eps, n.h, Kp, q.act.q, q.act.d, q.act.s, st_), "rmsnorm");
     } else if (p_attn_.out == x && M == 1 && K == p_attn_.nh * p_attn_.kv.D && Kp == K) {
       const Attn a = p_attn_;  // the combine writes the q8 (attention_decode's q8)
       p_attn_ = {};
@@ -126,8 +121,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Silu u = p_silu_;
       p_silu_ = {};
       flush();
-      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_, M == 1 ? pf_for('s') : nullptr),
-            "silu_mul");
+      check(cuda::silu_mul_q8(u.a, u.b, M, K, Kp, u.y, q.act.q, q.act.d, q.act.s, st_), "silu_mul");
     } else {
       flush();
       check(cuda::quantize_act_q8(x, M, K, Kp, q.act.q, q.act.d, q.act.s, st_, pdl_), "quantize_input");
@@ -151,7 +145,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       if (e != cudaErrorInvalidValue) return check(e, "matmul (tensor cores)");
       cudaGetLastError();  // a shape the tile kernel refuses (alignment): the GEMV chunks below
     }
-    if (M == 1) pf_note(w);
     for (int m0 = 0; m0 < M; m0 += 8) {
       const int R = std::min(8, M - m0);
       float* yr = y + size_t(m0) * ldy;
@@ -167,11 +160,11 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
           break;
         case DType::NVFP4:
           e = cuda::gemv_nvfp4_dp4a(codes, static_cast<const uint8_t*>(w.scales), w.tscale, w.N, Kp, q, d, R, yr, ldy,
-                                    st_, pdl_, gemv_m1_);
+                                    st_, pdl_);
           break;
         case DType::W4A8:
           e = cuda::gemv_w4a8(codes, static_cast<const uint16_t*>(w.scales), w.group, w.N, Kp, q, d, s, R, yr, ldy,
-                              st_, pdl_, gemv_m1_);
+                              st_, pdl_);
           if (e == cudaSuccess && w.mins)
             e = cuda::w4a8_mins_add(static_cast<const uint16_t*>(w.mins), static_cast<const uint16_t*>(w.scales), w.N,
                                     Kp, d, s, R, yr, ldy, st_);
@@ -200,12 +193,13 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
     if (!one) return Backend::matmul_many(outs, n, x, xq, M);
     cuda::GemvWeight g[4];
-    for (int i = 0; i < n; ++i) pf_note(*outs[i].w);  // blocks run weight 0's rows first
     for (int i = 0; i < n; ++i)
       g[i] = {static_cast<const uint8_t*>(outs[i].w->data), outs[i].w->scales, outs[i].w->tscale, outs[i].w->N,
               outs[i].y};
+    // gate/up of long rows: four chunks a lane, not pipelined (kernels_cuda.h gemv_many_m1)
+    const bool u4 = n == 2 && (gemv_gu_u4_ > 0 || (gemv_gu_u4_ < 0 && w0.Kp >= 2048));
     check(cuda::gemv_many_m1(w0.dtype == DType::NVFP4 ? 0 : 1, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, xq.act.s,
-                             st_, pdl_, n == 2 ? gemv_gu_ : gemv_qkv_),
+                             st_, pdl_, u4),
           "matmul (batch 1)");
   }
   void add_bias(float* x, const float* b, int M, int n, int ld) override {
@@ -245,8 +239,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       p_rope_.clear();
       flush();
       check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
-                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_,
-                                M == 1 ? pf_for('r') : nullptr),
+                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
             "rope_kv_write");
       ctx_fresh_ = M == 1 ? kr.pos : nullptr;
       unroped_k_ = kr;  // k stays unrotated: an attention_fresh reading it rotates it first

@@ -2,7 +2,6 @@
 // workspace, decode-step graph capture / replay, and the error helpers (backend_cuda_state.h).
 #include "backend_cuda_state.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -14,10 +13,6 @@ namespace kvdeck::cuda_backend {
 bool env_on(const char* name, bool dflt) {
   const char* s = std::getenv(name);
   return s && *s ? std::string(s) != "0" : dflt;
-}
-int env_int(const char* name, int dflt) {
-  const char* s = std::getenv(name);
-  return s && *s ? std::atoi(s) : dflt;
 }
 
 // =====================================================================================
@@ -37,15 +32,6 @@ CudaState::CudaState() {
   check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
   void* h = nullptr;
   if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
-  const auto env_mb = [](const char* name, double dflt) {
-    const char* v = std::getenv(name);
-    return size_t((v && *v ? std::atof(v) : dflt) * 1048576.0);
-  };
-  pf_budget_ = env_mb("KVDECK_CUDA_L2PF", 0);
-  pf_cap_ = env_mb("KVDECK_CUDA_L2PF_CAP", p.l2CacheSize / 2 / 1048576.0);
-  if (const char* v = std::getenv("KVDECK_CUDA_L2PF_SITES")) pf_sites_ = v;
-  if (const char* v = std::getenv("KVDECK_CUDA_L2PF_MODE")) pf_buf_.mode = std::atoi(v) == 2 ? 2 : 1;
-  pf_buf_.early = env_on("KVDECK_CUDA_L2PF_EARLY", false);
 }
 
 CudaState::~CudaState() {
@@ -112,62 +98,6 @@ float* CudaState::workspace(size_t floats) {
 }
 
 // =====================================================================================
-// L2 prefetch of the next GEMVs' weights (backend_cuda_state.h)
-// =====================================================================================
-void CudaState::pf_note(const WeightView& w) {
-  if (!pf_budget_ || !pf_step_) return;
-  const size_t N = size_t(w.N), Kp = size_t(w.Kp);
-  PfUnit u{w.data, 0, w.scales, 0};
-  switch (w.dtype) {
-    case DType::NVFP4: u.cb = N * Kp / 2, u.sb = N * Kp / 16; break;
-    case DType::W4A8: u.cb = N * Kp / 2, u.sb = N * (Kp / size_t(w.group)) * 2; break;
-    case DType::W8A8: u.cb = N * Kp, u.sb = N * (Kp / 32) * 2; break;
-    default: return;
-  }
-  pf_seq_.push_back(u);
-  ++pf_at_;
-}
-
-void CudaState::pf_step(bool begin) {
-  if (!begin && pf_step_ && !pf_seq_.empty()) pf_last_.swap(pf_seq_);
-  pf_seq_.clear();
-  pf_at_ = pf_u_ = pf_o_ = 0;
-  pf_step_ = begin && pf_budget_;
-}
-
-const cuda::L2Prefetch* CudaState::pf_for(char site) {
-  if (!pf_budget_ || !pf_step_ || pf_sites_.find(site) == std::string::npos || pf_at_ >= pf_last_.size())
-    return nullptr;
-  size_t u = pf_u_, o = pf_o_;
-  if (u < pf_at_) u = pf_at_, o = 0;
-  size_t ahead = o;  // bytes already asked for beyond the GEMV about to run
-  for (size_t i = pf_at_; i < u; ++i) ahead += pf_last_[i].cb + pf_last_[i].sb;
-  size_t want = ahead < pf_cap_ ? std::min(pf_budget_, pf_cap_ - ahead) : 0;
-  cuda::L2Prefetch& pf = pf_buf_;
-  pf.count = 0;
-  const auto add = [&](const void* p, size_t from, size_t to) {  // 16-byte aligned inside [p + from, p + to)
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + from + 15) & ~uintptr_t(15);
-    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + to) & ~uintptr_t(15);
-    if (b <= a || pf.count == cuda::L2Prefetch::kMax) return;
-    pf.p[pf.count] = reinterpret_cast<const void*>(a);
-    pf.n[pf.count] = uint32_t(std::min<uintptr_t>(b - a, 0xFFFFFFF0u));
-    ++pf.count;
-  };
-  while (want && u < pf_last_.size() && pf.count + 2 <= cuda::L2Prefetch::kMax) {
-    const PfUnit& w = pf_last_[u];
-    const size_t tot = w.cb + w.sb, take = std::min(want, tot - o);
-    // the first bytes of the unit in the GEMV's read order: rows from 0, codes and scales alike
-    add(w.codes, size_t(double(w.cb) * o / tot), size_t(double(w.cb) * (o + take) / tot));
-    add(w.scales, size_t(double(w.sb) * o / tot), size_t(double(w.sb) * (o + take) / tot));
-    o += take, want -= take;
-    if (o == tot) ++u, o = 0;
-  }
-  pf_u_ = u, pf_o_ = o;
-  pf.blocks = 0;  // the launch sizes its extra blocks (fused.cu)
-  return pf.count ? &pf : nullptr;
-}
-
-// =====================================================================================
 // Decode steps as CUDA graphs
 // =====================================================================================
 // KVDECK_CUDA_GRAPH_INFO=1: one line per captured step on stderr: its kernel nodes (the
@@ -181,17 +111,14 @@ void CudaState::print_graph(uint64_t key, cudaGraph_t g) {
   if (cudaGraphGetNodes(g, nodes.data(), &nn) != cudaSuccess ||
       cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &ne) != cudaSuccess)
     return;
-  size_t kernels = 0, prog = 0, blocks = 0;
+  size_t kernels = 0, prog = 0;
   for (cudaGraphNode_t n : nodes) {
     cudaGraphNodeType t;
-    if (cudaGraphNodeGetType(n, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) continue;
-    ++kernels;
-    cudaKernelNodeParams kp{};
-    if (cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess) blocks += size_t(kp.gridDim.x) * kp.gridDim.y * kp.gridDim.z;
+    if (cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel) ++kernels;
   }
   for (const cudaGraphEdgeData& d : data) prog += d.type == cudaGraphDependencyTypeProgrammatic;
-  std::fprintf(stderr, "kvdeck cuda graph %llu: %zu nodes, %zu kernels, %zu edges (%zu programmatic), %zu blocks\n",
-               static_cast<unsigned long long>(key), nn, kernels, ne, prog, blocks);
+  std::fprintf(stderr, "kvdeck cuda graph %llu: %zu nodes, %zu kernels, %zu edges (%zu programmatic)\n",
+               static_cast<unsigned long long>(key), nn, kernels, ne, prog);
 }
 
 bool CudaState::graph_begin(uint64_t key) {
@@ -205,7 +132,6 @@ bool CudaState::graph_begin(uint64_t key) {
     return true;
   }
   step_ctx_ = cap && cap < (1u << 30) ? int(cap) : 0;  // until step_end
-  pf_step(true);
   if (!graphs_on_) return false;
   if (seen_.insert(key).second) return false;  // the first step of a kind runs eagerly (allocations)
   check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -216,8 +142,6 @@ bool CudaState::graph_begin(uint64_t key) {
 void CudaState::graph_end(uint64_t key, bool ok) {
   if (ok) flush();
   step_ctx_ = 0;
-  pf_step(false);  // the step's GEMV order for the next one
-  if (!ok) pf_last_.clear();
   if (!buckets_) key &= 0xFF;
   if (!capturing_) return;
   capturing_ = false;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -27,7 +28,6 @@
 namespace kvdeck::cuda_backend {
 
 bool env_on(const char* name, bool dflt);
-int env_int(const char* name, int dflt);
 
 class CudaState {
  protected:
@@ -85,31 +85,6 @@ class CudaState {
   void graph_end(uint64_t key, bool ok);
   void print_graph(uint64_t key, cudaGraph_t g);
 
-  // ---- L2 prefetch of the next batch-1 GEMVs' weights (KVDECK_CUDA_L2PF=<MB>) ----
-  // A decode step's GEMVs run in the same order every step: the backend records their weights
-  // (pf_note), and the latency-bound kernels before a GEMV (add + norm + q8, rope + KV, silu +
-  // q8: sites 'n', 'r', 's') get extra blocks asking L2 for the next <MB> of weight bytes in
-  // the last step's order (pf_for), while DRAM would otherwise idle (norms, attention). At most
-  // KVDECK_CUDA_L2PF_CAP MB (default half the L2) ahead of the GEMV about to run; a cursor
-  // keeps the sites from asking twice. A hint only: results are unchanged. Off by default
-  // until measured (NOTES.md session 8); KVDECK_CUDA_L2PF_SITES (default "nrs"),
-  // KVDECK_CUDA_L2PF_MODE (1 bulk, 2 per line), KVDECK_CUDA_L2PF_EARLY=1 (before the PDL wait).
-  struct PfUnit {
-    const void* codes;
-    size_t cb;
-    const void* scales;
-    size_t sb;
-  };
-  void pf_note(const WeightView& w);             // a batch-1 GEMV of w is being launched
-  const cuda::L2Prefetch* pf_for(char site);     // null: nothing to ask at this site
-  void pf_step(bool begin);                      // a recorded (not replayed) step begins / ends
-  std::vector<PfUnit> pf_seq_, pf_last_;
-  size_t pf_at_ = 0, pf_u_ = 0, pf_o_ = 0;  // GEMVs launched this step; prefetched up to (unit, byte)
-  bool pf_step_ = false;
-  size_t pf_budget_ = 0, pf_cap_ = 0;
-  std::string pf_sites_ = "nrs";
-  cuda::L2Prefetch pf_buf_;
-
   // ---- errors: both drop pending ops and end a capture in progress before throwing ----
   void check(cudaError_t e, const char* what);
   [[noreturn]] void bad(const std::string& msg);
@@ -148,11 +123,14 @@ class CudaState {
   // default; KVDECK_CUDA_ATTN_Q8=0 runs quantize_act_q8 after the combine (the A/B; NOTES.md
   // session 7).
   bool attn_q8_ = env_on("KVDECK_CUDA_ATTN_Q8", true);
-  // Batch-1 GEMV configuration (kernels_cuda.h GemvM1Cfg) of q/k/v (3 weights a launch), gate/up
-  // (2) and single weights: the A/B of session 8 (NOTES.md); 0 = R1 U2 pipelined everywhere.
-  int gemv_qkv_ = env_int("KVDECK_CUDA_GEMV_QKV", 0);
-  int gemv_gu_ = env_int("KVDECK_CUDA_GEMV_GU", 0);
-  int gemv_m1_ = env_int("KVDECK_CUDA_GEMV_M1", 0);
+  // The batch-1 gate/up GEMV (gemv_many_m1 of two weights) at four chunks a lane, not pipelined,
+  // for Kp >= 2048 (-1, the default); KVDECK_CUDA_GEMV_GU=0: the pipelined two chunks of every
+  // other GEMV, =1: four for every Kp. Llama-3-8B-shaped decode @16 1,919.7 -> 1,891.9 µs/token
+  // (session 8, interleaved); SmolLM2's gate/up (Kp 576) keeps the measured default.
+  int gemv_gu_u4_ = [] {
+    const char* e = std::getenv("KVDECK_CUDA_GEMV_GU");
+    return e && *e ? (e[0] == '0' ? 0 : 1) : -1;
+  }();
 };
 
 }  // namespace kvdeck::cuda_backend

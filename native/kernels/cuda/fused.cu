@@ -5,7 +5,6 @@
 // row is read before: weights never change) and lets the next one launch.
 // Rows of n % 4 == 0 at 16-byte aligned addresses (every decode step of the engine) take the
 // float4 kernels (one L2 round trip each way); the one-value-a-lane kernels serve the rest.
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -18,52 +17,6 @@ namespace kvdeck::cuda {
 using namespace detail;
 
 namespace {
-
-// ---- L2 prefetch by extra blocks (kernels_cuda.h L2Prefetch) -------------------------------
-// Piece k (4 KB) of the ranges goes to extra block k % B, thread k / B % T: every block of the
-// launch asks for a share, so no SM's request queue holds it all. Nothing is read back.
-constexpr uint32_t kPfPiece = 4096;
-__device__ __forceinline__ bool l2_prefetch_block(const L2Prefetch& pf) {
-  const int b = int(blockIdx.x) - (int(gridDim.x) - pf.blocks);
-  if (b < 0) return false;
-  if (!pf.early) pdl_wait();  // the previous kernel's bytes first (its stream would evict these)
-  uint32_t first[L2Prefetch::kMax + 1];
-  first[0] = 0;
-#pragma unroll
-  for (int i = 0; i < L2Prefetch::kMax; ++i)
-    first[i + 1] = first[i] + (i < pf.count ? (pf.n[i] + kPfPiece - 1) / kPfPiece : 0);
-  const uint32_t step = uint32_t(pf.blocks) * blockDim.x;
-  for (uint32_t k = uint32_t(b) + uint32_t(pf.blocks) * threadIdx.x; k < first[L2Prefetch::kMax]; k += step) {
-    const char* base = nullptr;
-    uint32_t off = 0, len = 0;
-#pragma unroll
-    for (int i = 0; i < L2Prefetch::kMax; ++i)
-      if (k >= first[i] && k < first[i + 1]) {
-        off = (k - first[i]) * kPfPiece;
-        base = static_cast<const char*>(pf.p[i]) + off;
-        len = min(kPfPiece, pf.n[i] - off);
-      }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (pf.mode == 1) {
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(len) : "memory");
-      continue;
-    }
-#endif
-    for (uint32_t o = 0; o < len; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
-  }
-  return true;
-}
-
-// The launch's copy of *pf with its extra blocks: a block's first max(32, T / 8) threads take a
-// piece each (4 KB), at most 256 blocks. None without pf.
-L2Prefetch pf_launch(const L2Prefetch* pf, int threads) {
-  L2Prefetch p = pf ? *pf : L2Prefetch{};
-  size_t pieces = 0;
-  for (int i = 0; i < p.count && i < L2Prefetch::kMax; ++i) pieces += (p.n[i] + kPfPiece - 1) / kPfPiece;
-  const size_t per = size_t(threads / 8 > 32 ? threads / 8 : 32);
-  p.blocks = pieces ? int(std::min<size_t>((pieces + per - 1) / per, 256)) : 0;
-  return p;
-}
 
 // ---- add + rmsnorm + q8 -----------------------------------------------------------------
 constexpr int kNormThreads = 256;  // rows under 2048: as elementwise.cu's rmsnorm (the same sums)
@@ -118,8 +71,7 @@ template <int P>
 __global__ void __launch_bounds__(1024)
 add_rmsnorm_q8_regs_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w, int n, float eps,
                            float* h, int Kp, int8_t* __restrict__ q, float* __restrict__ d,
-                           int32_t* __restrict__ s, const L2Prefetch pf) {
-  if (pf.blocks && l2_prefetch_block(pf)) return;  // an extra block (uniform)
+                           int32_t* __restrict__ s) {
   const int T = blockDim.x;  // a multiple of 32: every pass is whole 32-blocks per 8 lanes
   float4 xv[P], wv[P];
 #pragma unroll
@@ -204,8 +156,7 @@ __global__ void silu_mul_q8_kernel(const float* __restrict__ a, const float* __r
 __global__ void __launch_bounds__(128)
 silu_mul_q8_vec_kernel(const float* __restrict__ a, const float* __restrict__ b, int M, int n, int Kp,
                        float* __restrict__ y, int8_t* __restrict__ q, float* __restrict__ d,
-                       int32_t* __restrict__ s, const L2Prefetch pf) {
-  if (pf.blocks && l2_prefetch_block(pf)) return;
+                       int32_t* __restrict__ s) {
   pdl_wait();
   pdl_launch_dependents();
   const int per = Kp / 4;
@@ -233,8 +184,7 @@ silu_mul_q8_vec_kernel(const float* __restrict__ a, const float* __restrict__ b,
 __host__ __device__ inline size_t rope_q_pad(const RopeKvArgs& a) {
   return (size_t(a.M) * a.nh * (a.D / 2) + 31) / 32 * 32;
 }
-__global__ void rope_kv_write_kernel(const RopeKvArgs a, const L2Prefetch pf) {
-  if (pf.blocks && l2_prefetch_block(pf)) return;
+__global__ void rope_kv_write_kernel(const RopeKvArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -329,15 +279,14 @@ bool serial_norm() {
 }  // namespace
 
 cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int n, float eps, float* h, int Kp,
-                           int8_t* q, float* d, int32_t* s, cudaStream_t stream, const L2Prefetch* pf) {
+                           int8_t* q, float* d, int32_t* s, cudaStream_t stream) {
   if (M < 1 || n < 1 || (q && (Kp % 32 != 0 || Kp < n || Kp - n >= 32))) return cudaErrorInvalidValue;
   const int span = q ? Kp : n;  // elements the block covers (the q8 padding included)
   if (n % 4 == 0 && aligned16(x, y, w, h) && span <= 4 * 4 * 1024 && !serial_norm()) {
     const int P = span <= 4 * 1024 ? 1 : span <= 2 * 4 * 1024 ? 2 : 4;
     const int threads = ((span / 4 + P - 1) / P + 31) / 32 * 32;  // 4 P threads >= span, <= 1024
     auto* k = P == 1 ? add_rmsnorm_q8_regs_kernel<1> : P == 2 ? add_rmsnorm_q8_regs_kernel<2> : add_rmsnorm_q8_regs_kernel<4>;
-    const L2Prefetch p = pf_launch(pf, threads);
-    return launch_kernel(k, dim3(M + p.blocks), dim3(threads), stream, true, x, y, w, n, eps, h, Kp, q, d, s, p);
+    return launch_kernel(k, dim3(M), dim3(threads), stream, true, x, y, w, n, eps, h, Kp, q, d, s);
   }
   if (n >= 2048)
     return launch_kernel(add_rmsnorm_q8_kernel<1024>, dim3(M), dim3(1024), stream, true, x, y, w, n, eps, h, Kp, q,
@@ -347,13 +296,12 @@ cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int 
 }
 
 cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, float* y, int8_t* q, float* d,
-                        int32_t* s, cudaStream_t stream, const L2Prefetch* pf) {
+                        int32_t* s, cudaStream_t stream) {
   if (M < 1 || n < 1 || Kp % 32 != 0 || Kp < n || Kp - n >= 32) return cudaErrorInvalidValue;
   if (n % 4 == 0 && aligned16(a, b, y, nullptr) && !serial_norm()) {
     const size_t items = size_t(M) * (Kp / 4);
-    const L2Prefetch p = pf_launch(pf, 128);
-    return launch_kernel(silu_mul_q8_vec_kernel, dim3(unsigned((items + 127) / 128) + p.blocks), dim3(128), stream,
-                         true, a, b, M, n, Kp, y, q, d, s, p);
+    return launch_kernel(silu_mul_q8_vec_kernel, dim3(unsigned((items + 127) / 128)), dim3(128), stream, true, a, b,
+                         M, n, Kp, y, q, d, s);
   }
   const int blocks = M * (Kp / 32);
   return launch_kernel(silu_mul_q8_kernel, dim3((blocks + 7) / 8), dim3(256), stream, true, a, b, M, n, Kp, y, q,
@@ -362,8 +310,7 @@ cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, fl
 
 cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const float* v, int ldk, int n_kv, int D,
                           int M, const int32_t* pos, const float* inv_freq, int format, void* k_pages,
-                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream,
-                          const L2Prefetch* pf) {
+                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream) {
   if (M < 1 || n_kv < 1 || D < 16 || D % 16 != 0 || format < 0 || format > 2 || (q && ldq < n_heads * D) ||
       ldk < n_kv * D)
     return cudaErrorInvalidValue;
@@ -373,9 +320,7 @@ cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const 
   if (M > 8 && size_t(M) * (n_heads + kRowsQHeads) * D < (size_t(1) << 31) && !rope_rows_off())
     return launch_kernel(rope_kv_rows_kernel, dim3(unsigned((rows + 127) / 128)), dim3(128), stream, true, a);
   const size_t total = format == 2 ? rope_q_pad(a) + size_t(M) * n_kv * 2 * D : rope_kv_items(a);
-  const L2Prefetch p = pf_launch(pf, 128);
-  return launch_kernel(rope_kv_write_kernel, dim3(unsigned((total + 127) / 128) + p.blocks), dim3(128), stream, true,
-                       a, p);
+  return launch_kernel(rope_kv_write_kernel, dim3(unsigned((total + 127) / 128)), dim3(128), stream, true, a);
 }
 
 }  // namespace kvdeck::cuda

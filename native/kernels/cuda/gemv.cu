@@ -113,17 +113,9 @@ cudaError_t launch(GemvArgs a, cudaStream_t st, bool pdl = false) {
 // The batch-1 configuration: R = 1, U = 2, pipelined (measured in the engine's 8B step against
 // U = 1 where that fits one wave, which allocates the same 48 registers, and U = 4 unpipelined,
 // +2%: NOTES.md, session 6).
-// cfg (kernels_cuda.h kGemvM1*): the A/B of the batch-1 (R, U, pipelined) per call site, read
-// by the backend (KVDECK_CUDA_GEMV_M1); every configuration sums each row in the same order.
 template <Fmt F>
-cudaError_t launch_m1(const GemvArgs& a, cudaStream_t st, bool pdl, int cfg = 0) {
-  switch (cfg) {
-    case kGemvM1U1P: return launch<F, 1, 1, 1, true>(a, st, pdl);
-    case kGemvM1R2U2P: return launch<F, 1, 2, 2, true>(a, st, pdl);
-    case kGemvM1U2: return launch<F, 1, 1, 2>(a, st, pdl);
-    case kGemvM1U4: return launch<F, 1, 1, 4>(a, st, pdl);
-    default: return launch<F, 1, 1, 2, true>(a, st, pdl);
-  }
+cudaError_t launch_m1(const GemvArgs& a, cudaStream_t st, bool pdl) {
+  return launch<F, 1, 1, 2, true>(a, st, pdl);
 }
 
 // The default configuration per batch size (measured on the H200: gemv_tune in gpu_bench).
@@ -185,12 +177,12 @@ cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, c
 
 cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
                             const int8_t* xq, const float* xd, int M, float* y, int ldy,
-                            cudaStream_t stream, bool pdl, int m1cfg) {
+                            cudaStream_t stream, bool pdl) {
   if (!shape_ok(N, Kp, M, ldy)) return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, tscale, 16, N, Kp, xq, xd, nullptr, nullptr, y, ldy};
   // batch 1: the two-lookup decode (7-12% faster on every Llama-3-8B shape on the H200);
   // batch >= 2 keeps one signed lookup per word, whose cost is shared by the M rows
-  if (M == 1) return launch_m1<Fmt::Nvfp4PosNeg>(a, stream, pdl, m1cfg);
+  if (M == 1) return launch_m1<Fmt::Nvfp4PosNeg>(a, stream, pdl);
   return launch_default<Fmt::Nvfp4Dp4a>(a, M, stream, pdl);
 }
 
@@ -204,11 +196,10 @@ cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float ts
 
 cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, int N, int Kp,
                       const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
-                      cudaStream_t stream, bool pdl, int m1cfg) {
+                      cudaStream_t stream, bool pdl) {
   if (!shape_ok(N, Kp, M, ldy) || group < 32 || group % 32 != 0 || Kp % group != 0)
     return cudaErrorInvalidValue;
   const GemvArgs a{codes, scales, 1.0f, group, N, Kp, xq, xd, xs, nullptr, y, ldy};
-  if (M == 1) return launch_m1<Fmt::W4a8>(a, stream, pdl, m1cfg);
   return launch_default<Fmt::W4a8>(a, M, stream, pdl);
 }
 

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 10) gemv_many_kernel(const Ge
 }  // namespace
 
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
-                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl, int m1cfg) {
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl, bool u4) {
   if (n < 1 || n > kGemvManyMax || Kp < 32 || Kp % 32 != 0 || (fmt == 1 && (group < 32 || group % 32 || Kp % group)))
     return cudaErrorInvalidValue;
   GemvMany g{};
@@ -45,22 +45,16 @@ cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp,
     if (w[i].N < 1) return cudaErrorInvalidValue;
     g.a[i] = GemvArgs{w[i].codes, w[i].scales, w[i].tscale, fmt == 0 ? 16 : group, w[i].N, Kp, xq, xd, xs, nullptr,
                       w[i].y, w[i].N};
-    const int rows = kGemvWarps * (m1cfg == kGemvM1R2U2P ? 2 : 1);  // R rows a warp
-    g.first[i + 1] = g.first[i] + (w[i].N + rows - 1) / rows;
+    g.first[i + 1] = g.first[i] + (w[i].N + kGemvWarps - 1) / kGemvWarps;  // R = 1: a warp per row
   }
   const dim3 grid(g.first[n]), block(kGemvWarps * 32);
-  // m1cfg: as gemv_nvfp4_dp4a's batch-1 configurations (gemv.cu launch_m1); the same sums
-#define KVDECK_MANY(F)                                                                                             \
-  switch (m1cfg) {                                                                                                 \
-    case kGemvM1U1P: return launch_kernel(gemv_many_kernel<F, 1, 1, 1, true>, grid, block, stream, pdl, g);       \
-    case kGemvM1R2U2P: return launch_kernel(gemv_many_kernel<F, 1, 2, 2, true>, grid, block, stream, pdl, g);     \
-    case kGemvM1U2: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, false>, grid, block, stream, pdl, g);       \
-    case kGemvM1U4: return launch_kernel(gemv_many_kernel<F, 1, 1, 4, false>, grid, block, stream, pdl, g);       \
-    default: return launch_kernel(gemv_many_kernel<F, 1, 1, 2, true>, grid, block, stream, pdl, g);               \
-  }
-  if (fmt == 0) KVDECK_MANY(Fmt::Nvfp4PosNeg)
-  if (fmt == 1) KVDECK_MANY(Fmt::W4a8)
-#undef KVDECK_MANY
+  // u4: four chunks a lane loaded together, not pipelined (the 8B's gate/up; kernels_cuda.h)
+  if (fmt == 0)
+    return u4 ? launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 4, false>, grid, block, stream, pdl, g)
+              : launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 2, true>, grid, block, stream, pdl, g);
+  if (fmt == 1)
+    return u4 ? launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 4, false>, grid, block, stream, pdl, g)
+              : launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 2, true>, grid, block, stream, pdl, g);
   return cudaErrorInvalidValue;
 }
 

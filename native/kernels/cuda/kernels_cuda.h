@@ -55,14 +55,9 @@ cudaError_t convert_act_f16(const float* x, int M, int K, int Kp, uint16_t* h, c
 //   xq, xd: quantize_act_q8's q [M, Kp] and d [M, Kp/32]
 // E4M3 scales are decoded as finite (0x7F/0xFF, NaN in E4M3, never written by the
 // quantiser, decode as 480).
-// m1cfg (batch 1 only; gemv_w4a8 and gemv_many_m1 alike): rows a warp R, chunks in flight a
-// lane U, next step's weights loaded during this one (P) — 0 R1 U2 P (the default), the others
-// for the backend's A/B (KVDECK_CUDA_GEMV_*, backend_cuda.cu). Every one sums each row in the
-// same order: the same bits.
-enum GemvM1Cfg { kGemvM1Default = 0, kGemvM1U1P = 1, kGemvM1R2U2P = 2, kGemvM1U2 = 3, kGemvM1U4 = 4 };
 cudaError_t gemv_nvfp4_dp4a(const uint8_t* codes, const uint8_t* scales, float tscale, int N, int Kp,
                             const int8_t* xq, const float* xd, int M, float* y, int ldy,
-                            cudaStream_t stream, bool pdl = false, int m1cfg = 0);
+                            cudaStream_t stream, bool pdl = false);
 
 // NVFP4, floating path (the measured alternative): codes mapped by the same byte-permute
 // lookup to f16, half2 FMA against f16 activations within a 16-block (a 16-term f16 sum),
@@ -79,7 +74,7 @@ cudaError_t gemv_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, float ts
 //   xq, xd, xs: quantize_act_q8's q, d, s.
 cudaError_t gemv_w4a8(const uint8_t* codes, const uint16_t* scales, int group, int N, int Kp,
                       const int8_t* xq, const float* xd, const int32_t* xs, int M, float* y, int ldy,
-                      cudaStream_t stream, bool pdl = false, int m1cfg = 0);
+                      cudaStream_t stream, bool pdl = false);
 
 // Batch 1 with the activation quantisation fused in (gemv_fused.cu): x f32 [K] is quantised
 // per 32-block into shared memory exactly as quantize_act_q8 does, then y[n] = the GEMV above
@@ -97,7 +92,10 @@ cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int 
 // Batch 1, several weights of one format reading the same activations (q/k/v, gate/up) in
 // one launch: the same kernel and results as one gemv_nvfp4_dp4a (fmt 0) / gemv_w4a8 (fmt 1)
 // per weight (y_i: f32 [N_i]); fewer launches, which is what a small model's decode step
-// pays for. At most 4 weights; Kp (and group) shared.
+// pays for. At most 4 weights; Kp (and group) shared. u4: each lane loads four 32-value chunks
+// together and is not pipelined (one wave of loads, then the math) instead of two chunks with
+// the next two in flight; the same sums in the same order (bit for bit). The backend takes it
+// for gate/up with Kp >= 2048 (Llama-3-8B decode 1,919.7 -> 1,891.9 µs/token; NOTES.md session 8).
 struct GemvWeight {
   const uint8_t* codes;
   const void* scales;
@@ -106,7 +104,8 @@ struct GemvWeight {
   float* y;
 };
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
-                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false, int m1cfg = 0);
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false,
+                         bool u4 = false);
 
 // Prefill GEMM, M > 8, on the tensor cores (gemm_mma.cu): int8 mma.sync of the weight codes
 // (fmt 0 NVFP4 as 2*e2m1, 1 W4A8 as nibble - 8, 2 W8A8) against quantize_act_q8's q, exact
@@ -335,28 +334,13 @@ cudaError_t sample_token(const float* logits, int V, const uint32_t* mask, const
                          size_t ws_bytes, int32_t* out, cudaStream_t stream);
 
 // ---- fused decode-step kernels (fused.cu; launched with PDL on sm_90+) ----
-// L2 prefetch riding on a fused kernel (KVDECK_CUDA_L2PF, backend_cuda_state.h): `blocks` extra
-// blocks of the kernel wait for the previous kernel like the others, then ask L2 for the byte
-// ranges (the next GEMVs' weights: DRAM is idle while the latency-bound kernels run) and exit;
-// nothing is read back, so results do not change. mode 1: cp.async.bulk.prefetch.L2 (sm_90;
-// below it per line), 2: prefetch.global.L2 per 128-byte line. Ranges 16-byte aligned. Only the
-// vector kernels (every decode step of the engine) take it; the others ignore it.
-struct L2Prefetch {
-  static constexpr int kMax = 6;
-  const void* p[kMax] = {};
-  uint32_t n[kMax] = {};  // bytes, multiples of 16
-  int count = 0;
-  int blocks = 0;  // extra blocks of the launch (0: none)
-  int mode = 1;
-  bool early = false;  // ask before the PDL wait (while the previous kernel still runs)
-};
 // x[r] += y[r] (y may be null), h[r] = x[r] / rms(x[r]) * w (h may equal x), and, when q is
 // given, h's q8 exactly as quantize_act_q8 (q [M, Kp], d, s [M, Kp/32]). One block per row.
 cudaError_t add_rmsnorm_q8(float* x, const float* y, const float* w, int M, int n, float eps, float* h, int Kp,
-                           int8_t* q, float* d, int32_t* s, cudaStream_t stream, const L2Prefetch* pf = nullptr);
+                           int8_t* q, float* d, int32_t* s, cudaStream_t stream);
 // y = silu(a) * b (a, b, y [M, n] packed) and y's q8 (q [M, Kp], d, s [M, Kp/32]).
 cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, float* y, int8_t* q, float* d,
-                        int32_t* s, cudaStream_t stream, const L2Prefetch* pf = nullptr);
+                        int32_t* s, cudaStream_t stream);
 // RoPE (rotate-half at pos[m]) of q in place (q may be null) and of k, and kv_write of the
 // roped k and of v into the pool slots (format as kv_write); k itself is left unrotated.
 // ctx (may be null): ctx[0] = pos[0] + 1, for attention_decode. M > 8 (prefill): one sine and
@@ -364,7 +348,6 @@ cudaError_t silu_mul_q8(const float* a, const float* b, int M, int n, int Kp, fl
 // launch: one per item as for decode).
 cudaError_t rope_kv_write(float* q, int ldq, int n_heads, const float* k, const float* v, int ldk, int n_kv, int D,
                           int M, const int32_t* pos, const float* inv_freq, int format, void* k_pages,
-                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream,
-                          const L2Prefetch* pf = nullptr);
+                          void* v_pages, const int32_t* slots, int32_t* ctx, cudaStream_t stream);
 
 }  // namespace kvdeck::cuda

@@ -22,19 +22,14 @@ import numpy as np
 
 from app.bench import gpu, gpu_model
 
-# Session 8's arms (session 7's ATTN_Q8 / COMBINE_TRIGGER arms: NOTES.md, their figures there).
-# GEMV_QKV / _GU / _M1: the batch-1 GEMV configuration (kernels_cuda.h GemvM1Cfg) of q/k/v, gate/up
-# and the single-weight launches (o, down, head); L2PF: the L2 prefetch of the next GEMVs' weights.
 SMOL = [("defaults", {}),
-        ("GEMV_QKV=1 (q/k/v at U1 pipelined)", {"KVDECK_CUDA_GEMV_QKV": "1"}),
-        ("GEMV_M1=2 (o, down at R2 U2 pipelined)", {"KVDECK_CUDA_GEMV_M1": "2"}),
-        ("GEMV_QKV=1 GU=4 M1=2", {"KVDECK_CUDA_GEMV_QKV": "1", "KVDECK_CUDA_GEMV_GU": "4", "KVDECK_CUDA_GEMV_M1": "2"})]
+        ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
+        ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"}),
+        ("GEMV_GU=1 (gate/up at four chunks a lane, not pipelined)", {"KVDECK_CUDA_GEMV_GU": "1"})]
 BIG = [("defaults", {}),
-       ("GEMV_QKV=1 (q/k/v at U1 pipelined: one wave)", {"KVDECK_CUDA_GEMV_QKV": "1"}),
-       ("GEMV_GU=4 (gate/up at U4, not pipelined)", {"KVDECK_CUDA_GEMV_GU": "4"}),
-       ("GEMV_M1=2 (o, down, head at R2 U2 pipelined)", {"KVDECK_CUDA_GEMV_M1": "2"}),
-       ("GEMV_QKV=1 GU=4 M1=2", {"KVDECK_CUDA_GEMV_QKV": "1", "KVDECK_CUDA_GEMV_GU": "4", "KVDECK_CUDA_GEMV_M1": "2"}),
-       ("L2PF=10 SITES=r (o's weights to L2 during attention)", {"KVDECK_CUDA_L2PF": "10", "KVDECK_CUDA_L2PF_SITES": "r"})]
+       ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
+       ("COMBINE_TRIGGER=1 (q8 in the combine, early trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"}),
+       ("GEMV_GU=0 (gate/up pipelined at two chunks: session 7's step)", {"KVDECK_CUDA_GEMV_GU": "0"})]
 
 
 def build(env: dict, *args, **kw):
