@@ -11,7 +11,11 @@
 //   nvcc -O3 -std=c++17 -arch=native -Inative/include -Inative -Inative/kernels/cuda \
 //     native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma*.cu \
 //     native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma
-//   build/bench_gemm_mma [M] [sweep] [chunks]
+//   build/bench_gemm_mma [M] [sweep] [chunks] [nv] [nohead] [prof FMT CFG SHAPE]
+// nv: the NVFP4 kernels only (formats 4 and 3); nohead: no lm_head; prof: only SHAPE in kernel
+// format FMT, tile CFG, launched 3 times without validation or timing (for ncu --launch-skip 2).
+// Kernel format 4 (the engine's default since session 8): NVFP4 on the f16 mma with both tiles made
+// f16 in shared memory once per block; 3: the same mma with the tiles converted in every warp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,8 +71,15 @@ float time_us(F f) {
 
 int main(int argc, char** argv) {
   const int M = argc > 1 ? std::atoi(argv[1]) : 512;
-  bool sweep = false, chunks = false;
-  for (int i = 2; i < argc; ++i) sweep |= !std::strcmp(argv[i], "sweep"), chunks |= !std::strcmp(argv[i], "chunks");
+  bool sweep = false, chunks = false, nvonly = false, nohead = false;
+  int pfmt = -1, pcfg = -1;
+  const char* pshape = "";
+  for (int i = 2; i < argc; ++i) {
+    sweep |= !std::strcmp(argv[i], "sweep"), chunks |= !std::strcmp(argv[i], "chunks");
+    nvonly |= !std::strcmp(argv[i], "nv"), nohead |= !std::strcmp(argv[i], "nohead");
+    if (!std::strcmp(argv[i], "prof") && i + 3 < argc)
+      pfmt = std::atoi(argv[i + 1]), pcfg = std::atoi(argv[i + 2]), pshape = argv[i + 3], i += 3;
+  }
   struct Shape { const char* name; int K; int n; int N[3]; };
   const Shape shapes[] = {{"qkv", 4096, 3, {4096, 1024, 1024}}, {"o", 4096, 1, {4096}},
                           {"gate_up", 4096, 2, {14336, 14336}}, {"down", 14336, 1, {4096}},
@@ -76,13 +87,15 @@ int main(int argc, char** argv) {
   const char* cfg_name[5] = {"128x128", "64x128", "128x64", "32x128", "128x128/1"};
   std::mt19937 rng(7);
   int fails = 0;
-  double sum_new[4] = {0, 0, 0, 0}, sum_peer[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
-  const char* fnames[4] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16"};
-  for (int fmt : {3, 0, 1, 2}) {  // kernel formats: 3 and 0 are both NVFP4 (f16 / int8 mma)
-    const bool nv = fmt == 0 || fmt == 3;
+  double sum_new[5] = {0, 0, 0, 0, 0}, sum_peer[5] = {0, 0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
+  const char* fnames[5] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16r", "nvfp4/f16s"};
+  for (int fmt : {4, 3, 0, 1, 2}) {  // kernel formats: 4, 3 and 0 are NVFP4 (f16 smem / f16 regs / int8 mma)
+    if ((nvonly && fmt < 3) || (pfmt >= 0 && fmt != pfmt)) continue;
+    const bool nv = fmt == 0 || fmt >= 3;
     const int wf = nv ? 0 : fmt;  // the weight format
     for (const Shape& s : shapes) {
-      if (wf == 2 && s.N[0] > 28672) continue;
+      if ((wf == 2 || nohead) && s.N[0] > 28672) continue;
+      if (pfmt >= 0 && std::strcmp(s.name, pshape)) continue;
       int N = 0;
       for (int i = 0; i < s.n; ++i) N += s.N[i];
       const int K = s.K, nb = K / 32;
@@ -123,7 +136,7 @@ int main(int argc, char** argv) {
       for (int i = 0, off = 0; i < s.n; off += s.N[i], ++i)  // slices of one [N, K] weight, outputs side by side
         w[i] = {dc + size_t(off) * row, ds + size_t(off) * srow * sbytes, 1.0f, s.N[i], y0 + off, N};
       auto gemm = [&](int cfg) { CK(detail::gemm_q8_mma_config(cfg, fmt, w, s.n, K, K, dq, dd, M, 0)); };
-      const int peer = fmt == 3 ? 0 : fmt == 0 ? 3 : -1;  // the other NVFP4 kernel (engine's pick of tile)
+      const int peer = fmt == 4 ? 3 : fmt == 3 || fmt == 0 ? 4 : -1;  // the other NVFP4 kernel (engine's pick of tile)
       auto other = [&] { CK(detail::gemm_q8_mma_config(-1, peer, w, s.n, K, K, dq, dd, M, 0)); };
       auto gemv = [&] {
         for (int m0 = 0; m0 < M; m0 += 8) {
@@ -160,6 +173,13 @@ int main(int argc, char** argv) {
         return rel;
       };
       const char* fname = fnames[fmt];
+      if (pfmt >= 0) {  // for ncu: three launches of one configuration
+        for (int r = 0; r < 3; ++r) gemm(pcfg);
+        CK(cudaDeviceSynchronize());
+        std::printf("prof %s %s cfg %s: 3 launches\n", fname, s.name, cfg_name[pcfg]);
+        cudaFree(dc), cudaFree(ds), cudaFree(dq), cudaFree(dd), cudaFree(dsa), cudaFree(y0), cudaFree(y1);
+        continue;
+      }
       const double ops = 2.0 * M * N * K;
       double rel = 0;
       for (int cfg = 0; cfg < 5; ++cfg) {  // every configuration validated
