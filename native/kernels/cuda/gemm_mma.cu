@@ -317,9 +317,9 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
 // (gemm_mma_impl.cuh), so the products are format 3's; the tensor core's f32 summation order
 // differs (a few ulps). Threads: A chunks of 16 q8 (BM * 4), B items of 32 codes (BN * 2: a
 // column's half of the stage, one 16-bit scale load), d_a rows (BM).
-template <int BM, int BN, int STG, int MINB>
+template <int BM, int BN, int NT, int STG, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args args) {
-  using C = CfgH<BM, BN, STG>;
+  using C = CfgH<BM, BN, NT, STG>;
   constexpr int MT = C::MT, H_LD = C::H_LD;
   constexpr int ACH = (BM * 4 + THREADS - 1) / THREADS, BCH = (BN * 2 + THREADS - 1) / THREADS;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -371,16 +371,19 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args 
     }
   };
   // raw buffer rb -> f16 buffer hb (and the fetched scales -> sD[hb]); the raw words are read
-  // first (read_raw), converted and stored later (put_a, put_b) so that their shared-memory
-  // latency overlaps the mma of the stage being computed
+  // first (read_a, read_b), converted and stored after the next k-block's mma (put_a, put_b), so
+  // that their shared-memory latency overlaps it (and only one tile's words are live at a time:
+  // 128 registers at two blocks a SM)
   uint4 va[ACH], vb[BCH];
-  auto read_raw = [&](int rb) {
+  auto read_a = [&](int rb) {
 #pragma unroll
     for (int i = 0; i < ACH; ++i) {
       const int idx = tid + i * THREADS;
       if (BM * 4 % THREADS == 0 || idx < BM * 4)
         va[i] = *reinterpret_cast<const uint4*>(rA + rb * C::A_RAW + (idx >> 2) * BK + (idx & 3) * 16);
     }
+  };
+  auto read_b = [&](int rb) {
 #pragma unroll
     for (int i = 0; i < BCH; ++i) {
       const int idx = tid + i * THREADS;
@@ -415,21 +418,21 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args 
     }
   };
 
-  float acc[MT][4][4];
+  float acc[MT][NT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-  const int rbase = wm * MT * 16, cbase = wn * 32;
+  const int rbase = wm * MT * 16, cbase = wn * NT * 8;
   // one k-block (32 values) of f16 buffer hb: per column tile one ldmatrix (both 16-halves' B
   // fragments), per row tile two; two mma per 32-block, then d_a in f32
   auto mma_kb = [&](int hb, int kb) {
     const __half* A = hA + hb * C::AH + kb * 32;
     const __half* B = hB + hb * C::BH + kb * 32;
     const float* D = sD + hb * BM * 2 + kb;
-    uint32_t b[4][4];
+    uint32_t b[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) ldsm_x4(b[nt], B + (cbase + nt * 8 + (lane & 7)) * H_LD + (lane >> 3) * 8);
+    for (int nt = 0; nt < NT; ++nt) ldsm_x4(b[nt], B + (cbase + nt * 8 + (lane & 7)) * H_LD + (lane >> 3) * 8);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       uint32_t a0[4], a1[4];
@@ -438,7 +441,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args 
       ldsm_x4(a1, ar + 16);
       const float d0 = D[(rbase + mt * 16 + g) * 2], d1 = D[(rbase + mt * 16 + g + 8) * 2];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < NT; ++nt) {
         const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         float c[4];
         mma_f16(c, a0, b[nt][0], b[nt][1], z);
@@ -457,7 +460,8 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args 
   }
   cp_wait<STG - 2>();  // stage 0
   __syncthreads();
-  read_raw(0);
+  read_a(0);
+  read_b(0);
   put_a(0);
   put_b(0);
   if (nst > 1) fetch(1);
@@ -468,15 +472,16 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args 
     cp_commit();
     // stage it + 1 into f16 buffer (it + 1) & 1 (past the last stage: stale bytes into a buffer never read)
     const int hb = it & 1;
-    read_raw((it + 1) % STG);
+    read_a((it + 1) % STG);
     mma_kb(hb, 0);
     put_a(hb ^ 1);
+    read_b((it + 1) % STG);
     if (it * 2 + 1 < nb) mma_kb(hb, 1);  // a tail stage has one 32-block
     put_b(hb ^ 1);
     if (it + 2 < nst) fetch(it + 2);
   }
   cp_wait<0>();
-  store_tile<MT>(acc, w.tscale * 128.0f, w.y, w.ldy, M, N, m0 + rbase, n0 + cbase, g, t);
+  store_tile<MT, NT>(acc, w.tscale * 128.0f, w.y, w.ldy, M, N, m0 + rbase, n0 + cbase, g, t);
 }
 
 // ================================ launch ================================
@@ -506,28 +511,29 @@ cudaError_t launch_cfg(int cfg, const Args& a, int tiles, cudaStream_t stream) {
   }
 }
 
-template <int BM, int BN, int STG, int MINB>
+template <int BM, int BN, int NT, int STG, int MINB>
 cudaError_t launch_h(const Args& a, int tiles, cudaStream_t stream) {
-  constexpr int smem = CfgH<BM, BN, STG>::SMEM;
+  constexpr int smem = CfgH<BM, BN, NT, STG>::SMEM;
   static bool ready = false;
   if (!ready) {
     const cudaError_t e =
-        cudaFuncSetAttribute(gemm_nvfp4_h_kernel<BM, BN, STG, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaFuncSetAttribute(gemm_nvfp4_h_kernel<BM, BN, NT, STG, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     ready = true;
   }
   const dim3 grid((a.M + BM - 1) / BM, tiles);
-  gemm_nvfp4_h_kernel<BM, BN, STG, MINB><<<grid, THREADS, smem, stream>>>(a);
+  gemm_nvfp4_h_kernel<BM, BN, NT, STG, MINB><<<grid, THREADS, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
 cudaError_t launch_cfg_h(int cfg, const Args& a, int tiles, cudaStream_t stream) {
-  switch (cfg) {  // two blocks a SM: 110 KB (3 raw stages), 89, 98, 71 KB; one a SM: 122 KB
-    case 0: return launch_h<128, 128, 3, 2>(a, tiles, stream);
-    case 1: return launch_h<64, 128, 4, 2>(a, tiles, stream);
-    case 2: return launch_h<128, 64, 4, 2>(a, tiles, stream);
-    case 3: return launch_h<32, 128, 4, 2>(a, tiles, stream);
-    default: return launch_h<128, 128, 4, 1>(a, tiles, stream);
+  switch (cfg) {  // two blocks a SM: 110 KB (3 raw stages), 89, 98, 71 KB; one a SM: 122, 176 KB
+    case 0: return launch_h<128, 128, 4, 3, 2>(a, tiles, stream);
+    case 1: return launch_h<64, 128, 4, 4, 2>(a, tiles, stream);
+    case 2: return launch_h<128, 64, 4, 4, 2>(a, tiles, stream);
+    case 3: return launch_h<32, 128, 4, 4, 2>(a, tiles, stream);
+    case 4: return launch_h<128, 128, 4, 4, 1>(a, tiles, stream);
+    default: return launch_h<128, 256, 8, 4, 1>(a, tiles, stream);  // 5: warps of 64 x 64
   }
 }
 
@@ -553,7 +559,10 @@ int pick_cfg(int fmt, int M, int tiles128) {
   if (M <= 64) return 1;
   const int b = (M + 127) / 128 * tiles128;
   if (10 * b >= 9 * sms && b <= sms) return 4;
-  if (b >= 4 * sms) return fmt >= 3 ? 0 : 4;
+  if (b >= 4 * sms) {  // KVDECK_CUDA_GEMM_WIDE=1 (read at every call; the A/B): format 4 on 128 x 256
+    const char* wide = std::getenv("KVDECK_CUDA_GEMM_WIDE");
+    return fmt == 4 && wide && wide[0] == '1' ? 5 : fmt >= 3 ? 0 : 4;
+  }
   return 1;
 }
 
@@ -574,13 +583,13 @@ cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, i
     a.codes[i] = w[i].codes, a.scales[i] = w[i].scales, a.tscale[i] = w[i].tscale, a.N[i] = w[i].N;
     a.y[i] = w[i].y, a.ldy[i] = w[i].ldy;
   }
-  if (cfg > 4) return cudaErrorInvalidValue;
+  if (cfg > 5 || (cfg == 5 && fmt != 4)) return cudaErrorInvalidValue;
   if (cfg < 0) {
     int t128 = 0;
     for (int i = 0; i < n; ++i) t128 += (w[i].N + 127) / 128;
     cfg = pick_cfg(fmt, M, t128);
   }
-  const int bn = cfg == 2 ? 64 : 128;  // every other shape is 128 outputs wide
+  const int bn = cfg == 2 ? 64 : cfg == 5 ? 256 : 128;  // every other shape is 128 outputs wide
   int tile = 0;
   for (int i = 0; i < n; ++i) a.tile0[i] = tile, tile += (w[i].N + bn - 1) / bn;
   for (int i = n; i <= MAXW; ++i) a.tile0[i] = tile;

@@ -51,14 +51,15 @@ struct Cfg {
 // NVFP4 with both tiles made f16 in shared memory once per block (kernel format 4, gemm_mma.cu):
 // STG raw stages (q8 rows of 64 bytes, code rows of 32 bytes, unpadded: read as 16-byte chunks)
 // and two f16 buffers of BM / BN rows of H_LD halves (144 bytes: conflict-free ldmatrix).
-template <int BM, int BN, int STG>
+// Warps: 8, each MT x NT m16n8 tiles (NT 4: 32 columns; NT 8: 64).
+template <int BM, int BN, int NT, int STG>
 struct CfgH {
-  static constexpr int WN = BN / 32, WM = 8 / WN, MT = BM / (16 * WM);
+  static constexpr int WN = BN / (8 * NT), WM = 8 / WN, MT = BM / (16 * WM);
   static constexpr int A_RAW = BM * BK, B_RAW = BN * BK / 2;  // bytes per raw stage
   static constexpr int H_LD = BK + 8;                         // halves per f16 row
   static constexpr int AH = BM * H_LD, BH = BN * H_LD;        // halves per f16 buffer
   static constexpr int SMEM = STG * (A_RAW + B_RAW) + 2 * 2 * (AH + BH) + 2 * 4 * BM * 2;
-  static_assert(WM * WN == 8 && MT >= 1 && MT * 16 * WM == BM && STG >= 3, "tile shape");
+  static_assert(WM * WN == 8 && WN * 8 * NT == BN && MT >= 1 && MT * 16 * WM == BM && STG >= 3, "tile shape");
 };
 
 // The weight (of up to MAXW in one launch) that blockIdx.y's tile belongs to.
@@ -81,15 +82,15 @@ __device__ __forceinline__ Weight weight_of(const Args& a) {
   return w;
 }
 
-// The accumulators of a warp's MT x 4 m16n8 tiles times ts into y (rows m0 + rbase + ..,
-// columns n0 + cbase + ..), column pairs as float2 where the row stride and pointer allow.
-template <int MT>
-__device__ __forceinline__ void store_tile(const float (&acc)[MT][4][4], float ts, float* y, int ldy, int M, int N,
+// The accumulators of a warp's MT x NT m16n8 tiles times ts into y (rows mrow + .., columns
+// ncol + ..), column pairs as float2 where the row stride and pointer allow.
+template <int MT, int NT>
+__device__ __forceinline__ void store_tile(const float (&acc)[MT][NT][4], float ts, float* y, int ldy, int M, int N,
                                            int mrow, int ncol, int g, int t) {
   const bool pair = ((ldy | int(reinterpret_cast<uintptr_t>(y) >> 2)) & 1) == 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
       for (int h = 0; h < 2; ++h) {
         const int m = mrow + mt * 16 + g + 8 * h, n = ncol + nt * 8 + 2 * t;
         if (m >= M || n >= N) continue;

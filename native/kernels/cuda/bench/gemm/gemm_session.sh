@@ -8,11 +8,13 @@
 #        new and the old kernel on o at one block a SM and gate_up at two a SM): the details page
 #        (speed of light, occupancy, scheduler and warp-state statistics) and the instructions with
 #        the most stall samples (source page, SASS).
-# tests: the GEMM / matmul tests of tests/cuda (TESTS_K overrides the -k expression).
-# e2e:   prefill_ab.py 8b (the 32-layer 8B-shaped prefill, the arms of app/bench/gpu.py interleaved).
+# tests: the GEMM / matmul / prefill / whole-model tests of tests/cuda (TESTS_K overrides the -k
+#        expression) and tests/native/test_backend_ops.py.
+# e2e:   prefill_ab.py 8b $E2E_MODELS (the 32-layer 8B-shaped prefill, the arms of app/bench/gpu.py
+#        interleaved; E2E_MODELS=smollm2 adds SmolLM2-135M).
 set -uo pipefail
 out=$1; shift
-root=$(cd "$(dirname "$0")/../../../.." && pwd)
+root=$(cd "$(dirname "$0")/../../../../.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1
 mkdir -p "$out" build
@@ -84,10 +86,11 @@ EOF
     tests)
       module || exit 1
       timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/test_backend_cuda.py tests/cuda/test_prefill_gemm.py \
-        -k "${TESTS_K:-matmul or gemm}" 2>&1 | tee "$out/pytest.log" | tail -30 ;;
+        -k "${TESTS_K:-matmul or gemm or prefill or model_logits or cache_hit}" 2>&1 | tee "$out/pytest.log" | tail -30
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/native/test_backend_ops.py 2>&1 | tee -a "$out/pytest.log" | tail -5 ;;
     e2e)
       module || exit 1
-      PYTHONPATH=. timeout 240 python3 native/kernels/cuda/bench/prefill_ab.py 8b 2>&1 | tee "$out/ab.log" ;;
+      PYTHONPATH=. timeout 240 python3 native/kernels/cuda/bench/prefill_ab.py 8b ${E2E_MODELS:-} 2>&1 | tee "$out/ab.log" ;;
   esac
 done
 module
