@@ -117,16 +117,13 @@ def prefill_tps(eng, n: int, reps: int) -> float:
     return n / statistics.median(times)
 
 
-PREFILL_ARMS = {"new": {}, "wide": {"KVDECK_CUDA_GEMM_WIDE": "1"}, "f16r": {"KVDECK_CUDA_GEMM_NVFP4": "f16r"},
-                "rows=0": {"KVDECK_CUDA_PREFILL_ROWS": "0"}, "i8": {"KVDECK_CUDA_GEMM_NVFP4": "i8"}}
+PREFILL_ARMS = {"new": {}, "rows=0": {"KVDECK_CUDA_PREFILL_ROWS": "0"}, "i8": {"KVDECK_CUDA_GEMM_NVFP4": "i8"}}
 
 
 def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
     """Prefill tok/s (n tokens) per arm, interleaved rep by rep on the same engine (the switches
     are read at every launch): "new" the defaults (NVFP4 GEMM on the f16 mma, tiles made f16 in
-    shared memory once per block), "f16r" the same mma with the tiles converted in every warp's
-    registers (KVDECK_CUDA_GEMM_NVFP4=f16r, session 6's kernel), "wide" the many-wave shapes
-    (gate/up) on 128 x 256 tiles (KVDECK_CUDA_GEMM_WIDE=1), "rows=0" RoPE + KV
+    shared memory once per block), "rows=0" RoPE + KV
     write and the q8 quantisation of M > 8 rows on the per-item / per-block kernels
     (KVDECK_CUDA_PREFILL_ROWS=0, before session 7), "i8" NVFP4 on the int8 mma
     (KVDECK_CUDA_GEMM_NVFP4=i8); all validated by bench_gemm_mma and tests/cuda. Medians."""

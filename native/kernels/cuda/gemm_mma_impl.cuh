@@ -1,6 +1,6 @@
 // gemm_mma_impl.cuh — device helpers of the prefill GEMM (gemm_mma.cu): cp.async, ldmatrix,
 // the launch arguments and tile shapes, the mma.sync wrappers (int8 ones add the magic constant as their accumulator input), the
-// signed-byte lookups of 4-bit codes and the int8 -> f16 conversion. Included by gemm_mma.cu
+// signed-byte lookups of 4-bit codes and the f16 tile conversions (q8, E2M1 by bit placement). Included by gemm_mma.cu
 // only; bench/gemm/check_fragments_host.cpp checks copies of the lookups and conversions (keep in step).
 #pragma once
 #include <cuda_fp16.h>
@@ -40,7 +40,7 @@ struct Cfg {
   static constexpr int WN = BN / 32, WM = 8 / WN, MT = BM / (16 * WM);
   static constexpr int B_ROW = FMT == 2 ? BK : BK / 2;  // weight bytes per row and stage
   static constexpr int B_LD = B_ROW + 16;               // 80 (w8) or 48 (4-bit)
-  static constexpr int SC = FMT == 0 ? 4 : FMT == 3 ? 1 : 2;  // 32-bit words per column and 32-block
+  static constexpr int SC = FMT == 0 ? 4 : 2;  // 32-bit words per column and 32-block
   static constexpr int A_BYTES = BM * A_LD, B_BYTES = BN * B_LD;
   static constexpr int S_FLOATS = 2 * BN * SC, D_FLOATS = BM * 2;  // per buffer (2 buffers)
   static constexpr int SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * 4 * (S_FLOATS + D_FLOATS);
@@ -48,13 +48,13 @@ struct Cfg {
   static_assert(BM + BN <= THREADS, "one scale row or column per thread");
 };
 
-// NVFP4 with both tiles made f16 in shared memory once per block (kernel format 4, gemm_mma.cu):
+// NVFP4 with both tiles made f16 in shared memory once per block (kernel format 3, gemm_mma.cu):
 // STG raw stages (q8 rows of 64 bytes, code rows of 32 bytes, unpadded: read as 16-byte chunks)
 // and two f16 buffers of BM / BN rows of H_LD halves (144 bytes: conflict-free ldmatrix).
-// Warps: 8, each MT x NT m16n8 tiles (NT 4: 32 columns; NT 8: 64).
-template <int BM, int BN, int NT, int STG>
+// Warps: 8, each MT x NT m16n8 tiles (32 columns).
+template <int BM, int BN, int STG>
 struct CfgH {
-  static constexpr int WN = BN / (8 * NT), WM = 8 / WN, MT = BM / (16 * WM);
+  static constexpr int NT = 4, WN = BN / (8 * NT), WM = 8 / WN, MT = BM / (16 * WM);
   static constexpr int A_RAW = BM * BK, B_RAW = BN * BK / 2;  // bytes per raw stage
   static constexpr int H_LD = BK + 8;                         // halves per f16 row
   static constexpr int AH = BM * H_LD, BH = BN * H_LD;        // halves per f16 buffer
@@ -137,16 +137,6 @@ __device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
-// 4 int8 -> two half2 (bytes 0,1 and 2,3), exact: [q ^ 0x80, 0x64] is the f16 1024 + q + 128.
-__device__ __forceinline__ void i8x4_to_half2x2(uint32_t a, uint32_t& lo, uint32_t& hi) {
-  const uint32_t x = a ^ 0x80808080u;
-  const __half2 off = __half2half2(__ushort_as_half(0xE480u));  // -1152
-  uint32_t l = prmt(x, 0x64646464u, 0x5140u), h = prmt(x, 0x64646464u, 0x7362u);
-  __half2 hl, hh;
-  memcpy(&hl, &l, 4), memcpy(&hh, &h, 4);
-  hl = __hadd2(hl, off), hh = __hadd2(hh, off);
-  memcpy(&lo, &hl, 4), memcpy(&hi, &hh, 4);
-}
 __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
   __half2 x, y;
   memcpy(&x, &a, 4), memcpy(&y, &b, 4);
@@ -161,7 +151,7 @@ __device__ __forceinline__ void mma_k16(uint32_t d[4], uint32_t a0, uint32_t a1,
                : "r"(a0), "r"(a1), "r"(b), "r"(kMagic));
 }
 
-// ---- format 4's tile conversions: each 8-value group of k stored as k 0, 2, 4, 6, 1, 3, 5, 7 ----
+// ---- format 3's tile conversions: each 8-value group of k stored as k 0, 2, 4, 6, 1, 3, 5, 7 ----
 // (the pairs e2m1_hi_bytes gives without a shuffle; the q8 rows are stored in the same order,
 // so every product of the dot product is kept; only the tensor core's summation order differs)
 // 8 int8 (words x: k 0-3, y: k 4-7) as 4 exact half2: [q ^ 0x80, 0x64] is the f16 1024 + q + 128.

@@ -12,10 +12,8 @@
 //     native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma*.cu \
 //     native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma
 //   build/bench_gemm_mma [M] [sweep] [chunks] [nv] [nohead] [prof FMT CFG SHAPE]
-// nv: the NVFP4 kernels only (formats 4 and 3); nohead: no lm_head; prof: only SHAPE in kernel
+// nv: the NVFP4 kernels only (formats 3 and 0); nohead: no lm_head; prof: only SHAPE in kernel
 // format FMT, tile CFG, launched 3 times without validation or timing (for ncu --launch-skip 2).
-// Kernel format 4 (the engine's default since session 8): NVFP4 on the f16 mma with both tiles made
-// f16 in shared memory once per block; 3: the same mma with the tiles converted in every warp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -84,14 +82,14 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {{"qkv", 4096, 3, {4096, 1024, 1024}}, {"o", 4096, 1, {4096}},
                           {"gate_up", 4096, 2, {14336, 14336}}, {"down", 14336, 1, {4096}},
                           {"lm_head", 4096, 1, {128256}}};
-  const char* cfg_name[6] = {"128x128", "64x128", "128x64", "32x128", "128x128/1", "128x256/1"};
+  const char* cfg_name[5] = {"128x128", "64x128", "128x64", "32x128", "128x128/1"};
   std::mt19937 rng(7);
   int fails = 0;
-  double sum_new[5] = {0, 0, 0, 0, 0}, sum_peer[5] = {0, 0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
-  const char* fnames[5] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16r", "nvfp4/f16s"};
-  for (int fmt : {4, 3, 0, 1, 2}) {  // kernel formats: 4, 3 and 0 are NVFP4 (f16 smem / f16 regs / int8 mma)
-    if ((nvonly && fmt < 3) || (pfmt >= 0 && fmt != pfmt)) continue;
-    const bool nv = fmt == 0 || fmt >= 3;
+  double sum_new[4] = {0, 0, 0, 0}, sum_peer[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
+  const char* fnames[4] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16"};
+  for (int fmt : {3, 0, 1, 2}) {  // kernel formats: 3 and 0 are both NVFP4 (f16 / int8 mma)
+    if ((nvonly && fmt != 0 && fmt != 3) || (pfmt >= 0 && fmt != pfmt)) continue;
+    const bool nv = fmt == 0 || fmt == 3;
     const int wf = nv ? 0 : fmt;  // the weight format
     for (const Shape& s : shapes) {
       if ((wf == 2 || nohead) && s.N[0] > 28672) continue;
@@ -136,7 +134,7 @@ int main(int argc, char** argv) {
       for (int i = 0, off = 0; i < s.n; off += s.N[i], ++i)  // slices of one [N, K] weight, outputs side by side
         w[i] = {dc + size_t(off) * row, ds + size_t(off) * srow * sbytes, 1.0f, s.N[i], y0 + off, N};
       auto gemm = [&](int cfg) { CK(detail::gemm_q8_mma_config(cfg, fmt, w, s.n, K, K, dq, dd, M, 0)); };
-      const int peer = fmt == 4 ? 3 : fmt == 3 || fmt == 0 ? 4 : -1;  // the other NVFP4 kernel (engine's pick of tile)
+      const int peer = fmt == 3 ? 0 : fmt == 0 ? 3 : -1;  // the other NVFP4 kernel (engine's pick of tile)
       auto other = [&] { CK(detail::gemm_q8_mma_config(-1, peer, w, s.n, K, K, dq, dd, M, 0)); };
       auto gemv = [&] {
         for (int m0 = 0; m0 < M; m0 += 8) {
@@ -182,8 +180,7 @@ int main(int argc, char** argv) {
       }
       const double ops = 2.0 * M * N * K;
       double rel = 0;
-      const int ncfg = fmt == 4 ? 6 : 5;  // 128 x 256: format 4 only
-      for (int cfg = 0; cfg < ncfg; ++cfg) {  // every configuration validated
+      for (int cfg = 0; cfg < 5; ++cfg) {  // every configuration validated
         CK(cudaMemset(y0, 0xFF, size_t(M) * N * 4));  // NaN poison
         gemm(cfg);
         rel = std::max(rel, check(cfg_name[cfg]));
@@ -198,7 +195,7 @@ int main(int argc, char** argv) {
       if (s.N[0] != 128256) sum_new[fmt] += tn, sum_peer[fmt] += to;
       if (sweep) {
         std::printf("    sweep:");
-        for (int cfg = 0; cfg < ncfg; ++cfg) {
+        for (int cfg = 0; cfg < 5; ++cfg) {
           const float tc = time_us([&] { gemm(cfg); });
           std::printf(" %s %.1f us (%.0f TOPS)", cfg_name[cfg], tc, ops / tc * 1e-6);
         }

@@ -2,10 +2,10 @@
 # One device call for the prefill GEMM (session 8): build the module (in the background) and
 # bench_gemm_mma, then the steps asked for; logs under OUT.
 #   gemm_session.sh OUT [bench] [ncu] [tests] [e2e]
-# bench: bench_gemm_mma on the NVFP4 kernels (formats 4 and 3) at M 512 with the tile sweep, and
-#        validation at M 64 / 100 / 37.
+# bench: bench_gemm_mma at M 512 with the tile sweep (BENCH_ARGS, default "nv nohead": the NVFP4
+#        kernels, formats 3 and 0), and validation at M 64 / 100 / 37.
 # ncu:   Nsight Compute on one launch each of (format, tile, shape) in NCU_CASES (default: the
-#        new and the old kernel on o at one block a SM and gate_up at two a SM): the details page
+#        f16-mma kernel on o at one block a SM and gate_up at two a SM): the details page
 #        (speed of light, occupancy, scheduler and warp-state statistics) and the instructions with
 #        the most stall samples (source page, SASS).
 # tests: the GEMM / matmul / prefill / whole-model tests of tests/cuda (TESTS_K overrides the -k
@@ -41,10 +41,10 @@ echo "bench build: $(( $(date +%s) - t0 )) s" | tee -a "$out/gemm.log"
 for step in "$@"; do
   case $step in
     bench)
-      timeout 120 build/bench_gemm_mma 512 nv nohead sweep 2>&1 | tee -a "$out/gemm.log"
-      for m in 64 100 37; do timeout 60 build/bench_gemm_mma $m nv nohead 2>&1 | tee -a "$out/gemm.log"; done ;;
+      timeout 120 build/bench_gemm_mma 512 ${BENCH_ARGS-nv nohead} sweep 2>&1 | tee -a "$out/gemm.log"
+      for m in 64 100 37; do timeout 60 build/bench_gemm_mma $m ${BENCH_ARGS-nv nohead} 2>&1 | tee -a "$out/gemm.log"; done ;;
     ncu)
-      cases=${NCU_CASES:-"4:4:o 3:4:o 4:0:gate_up 3:0:gate_up"}
+      cases=${NCU_CASES:-"3:4:o 3:0:gate_up"}
       for c in $cases; do
         IFS=: read -r f cfg shp <<<"$c"
         rep=/tmp/ncu_${f}_${cfg}_${shp}
