@@ -122,7 +122,8 @@ PREFILL_ARMS = {"new": {}, "rows=0": {"KVDECK_CUDA_PREFILL_ROWS": "0"}, "i8": {"
 
 def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
     """Prefill tok/s (n tokens) per arm, interleaved rep by rep on the same engine (the switches
-    are read at every launch): "new" the defaults (NVFP4 GEMM on the f16 mma), "rows=0" RoPE + KV
+    are read at every launch): "new" the defaults (NVFP4 GEMM on the f16 mma, tiles made f16 in
+    shared memory once per block), "rows=0" RoPE + KV
     write and the q8 quantisation of M > 8 rows on the per-item / per-block kernels
     (KVDECK_CUDA_PREFILL_ROWS=0, before session 7), "i8" NVFP4 on the int8 mma
     (KVDECK_CUDA_GEMM_NVFP4=i8); all validated by bench_gemm_mma and tests/cuda. Medians."""

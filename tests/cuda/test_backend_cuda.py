@@ -92,6 +92,24 @@ def test_prefill_gemm_equals_gemv_chunks(cpu, gpu, fmt, monkeypatch):
     assert _rel(got, cpu.matmul_q(fmt, data, scales, K, tscale, x, m)) < 1e-5
 
 
+@pytest.mark.parametrize("M, N, K", [(20, 300, 608), (40, 300, 608), (130, 300, 608), (200, 520, 2048),
+                                     (512, 4096, 512), (512, 17000, 256)])
+def test_nvfp4_gemm_kernels_agree(gpu, M, N, K, monkeypatch):
+    """NVFP4's two GEMM kernels (KVDECK_CUDA_GEMM_NVFP4, read at every launch): the default (f16
+    mma, tiles made f16 in shared memory once per block) against the int8 mma (i8): the same
+    products (e2m1 x e4m3 and q8 are exact in f16), only the f32 summation order differs (1e-6).
+    The shapes reach every tile the engine picks (32 x 128, 64 x 128, 128 x 128 one and two a
+    SM), a tail in M, N and a half-filled last k stage (K 608)."""
+    data, scales, tscale, _ = _weight("nvfp4", N, K)
+    x = RNG.standard_normal((M, K)).astype(np.float32)
+    got = gpu.matmul_q("nvfp4", data, scales, K, tscale, x, None)
+    assert np.isfinite(got).all()
+    monkeypatch.setenv("KVDECK_CUDA_GEMM_NVFP4", "i8")
+    other = gpu.matmul_q("nvfp4", data, scales, K, tscale, x, None)
+    monkeypatch.delenv("KVDECK_CUDA_GEMM_NVFP4")
+    assert _rel(got, other) < 1e-6, _rel(got, other)
+
+
 @pytest.mark.parametrize("kv, tol", [("f16", 2e-3), ("nvfp4", 3e-3), ("f32", 2e-3)])
 def test_context_buckets_match_pool_sized_grids(kv, tol, monkeypatch):
     """Context-bucket graphs (the default; KVDECK_CUDA_CTX_BUCKETS=0 turns them off): a decode step

@@ -1,5 +1,6 @@
 // Prefill GEMM on the tensor cores: int8 mma.sync (sm_80+) over the q8 activations of
-// quantize_act_q8 and the integer weight codes, the CPU's block arithmetic kept exactly.
+// quantize_act_q8 and the integer weight codes, the CPU's block arithmetic kept exactly; NVFP4
+// on the f16 mma with both tiles made f16 in shared memory (gemm_nvfp4_h_kernel, below).
 //
 // Why int8 for W4A8 / W8A8 and not dequantise-to-f16: every integer format's CPU reference (gemm_scalar.cpp)
 // is an exact int32 sum per block times f32 scales. The codes are integers (NVFP4: 2*e2m1 in
@@ -28,14 +29,14 @@
 // - Several weights sharing K and format (q/k/v, gate/up) in one launch (gemm_q8_mma_many).
 // - NVFP4 on the f16 mma (kernel format 3, the default since session 6; KVDECK_CUDA_GEMM_NVFP4=i8
 //   selects format 0, NVFP4 on the int8 mma, read at every launch). e2m1 (2 significant bits) times
-//   its e4m3 block scale (4) is exact in f16, and so are the q8 activations (made f16 in
-//   registers: [q ^ 0x80, 0x64] - 1152), so m16n8k16.f32.f16.f16 sums each 32-block with the
-//   scales already in the weights: one FFMA (d_a) per output and 32-block instead of four, as
-//   many mma as the int8 path. The tensor core's f32 sums are not IEEE round-to-nearest, so the
-//   result is the CPU's to a few f32 ulps (bench_gemm_mma: 4.9e-7 .. 1.1e-6 relative to the GEMV
-//   chunks on the 8B shapes) rather than to summation order. Measured on the H200 (session 6):
-//   one 8B layer's GEMMs at 512 tokens 1,474 µs vs 1,753 on the int8 mma; the 32-layer 8B
-//   prefill 4,077 vs 3,798 tok/s (interleaved, NOTES.md).
+//   its e4m3 block scale (4) is exact in f16, and so are the q8 activations ([q ^ 0x80, 0x64] -
+//   1152), so m16n8k16.f32.f16.f16 sums each 32-block with the scales already in the weights:
+//   one FFMA (d_a) per output and 32-block instead of four, as many mma as the int8 path. The
+//   tensor core's f32 sums are not IEEE round-to-nearest, so the result is the CPU's to a few f32
+//   ulps (bench_gemm_mma: 4.9e-7 .. 1.1e-6 relative to the GEMV chunks on the 8B shapes) rather
+//   than to summation order. Session 6 converted in every warp's registers (1,474 µs an 8B layer
+//   vs 1,753 on the int8 mma); session 8's kernel converts once per block into shared memory:
+//   1,148 vs 1,445 µs, the 32-layer 8B prefill 12,940 vs 10,451 tok/s (interleaved, NOTES.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -54,7 +55,7 @@ using namespace gemm;
 namespace {
 
 // ================================ the kernel ================================
-// FMT 0 NVFP4 (int8 mma), 1 W4A8, 2 W8A8, 3 NVFP4 (f16 mma). For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
+// FMT 0 NVFP4 (int8 mma), 1 W4A8, 2 W8A8. For weight i: y_i[m, n] (row stride ldy_i), m < M, n < N_i.
 template <int FMT, int BM, int BN, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args) {
   using C = Cfg<FMT, BM, BN>;
@@ -66,18 +67,10 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   float* sD = sS + 2 * C::S_FLOATS;                                  // [2][BM][2 kb]
 
   // ---- which weight, which tile ----
-  int wi = 0;
-#pragma unroll
-  for (int i = 1; i < MAXW; ++i)
-    if (i < args.n && int(blockIdx.y) >= args.tile0[i]) wi = i;
-  const uint8_t* codes = args.codes[0];
-  const void* scales = args.scales[0];
-  float tscale = args.tscale[0], *y = args.y[0];
-  int N = args.N[0], ldy = args.ldy[0], t0 = args.tile0[0];
-#pragma unroll
-  for (int i = 1; i < MAXW; ++i)
-    if (wi == i) codes = args.codes[i], scales = args.scales[i], tscale = args.tscale[i], y = args.y[i],
-                 N = args.N[i], ldy = args.ldy[i], t0 = args.tile0[i];
+  const Weight w = weight_of(args);
+  const uint8_t* codes = w.codes;
+  const void* scales = w.scales;
+  const int N = w.N, t0 = w.t0;
   const int8_t* __restrict__ xq = args.xq;
   const float* __restrict__ xd = args.xd;
   const int M = args.M, Kp = args.Kp, group = args.group;
@@ -116,7 +109,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   auto fetch = [&](int s) {
     if (tid < BN) {
       const int n = min(n0 + tid, N - 1);
-      if (FMT == 0 || FMT == 3) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
+      if (FMT == 0) {  // 4 e4m3 (16-blocks 4s .. 4s+3) as two 16-bit loads
         const int ns = Kp / 16;
         const uint8_t* r = static_cast<const uint8_t*>(scales) + size_t(n) * ns;
         raw0 = __ldg(reinterpret_cast<const uint16_t*>(r + min(4 * s, ns - 2)));
@@ -136,14 +129,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
   auto convert = [&](int buf) {
     float* S = sS + buf * C::S_FLOATS;
     if (tid < BN) {
-      if (FMT == 3) {  // the e4m3 values as f16 (exact), both 16-blocks of a 32-block in one word
-        uint32_t h[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          h[i] = __half_as_ushort(__float2half_rn(e4m3_to_float(((i < 2 ? raw0 : raw1) >> (8 * (i & 1))) & 0xFFu)));
-        reinterpret_cast<uint32_t*>(S)[tid] = h[0] | (h[1] << 16);
-        reinterpret_cast<uint32_t*>(S)[BN + tid] = h[2] | (h[3] << 16);
-      } else if (FMT == 0) {
+      if (FMT == 0) {
         float sw[4];
         sw[0] = e4m3_to_float(raw0 & 0xFFu) * 0.5f, sw[1] = e4m3_to_float(raw0 >> 8) * 0.5f;
         sw[2] = e4m3_to_float(raw1 & 0xFFu) * 0.5f, sw[3] = e4m3_to_float(raw1 >> 8) * 0.5f;
@@ -192,93 +178,56 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       if (it * 2 + kb >= nb) break;  // the tail stage's second block
-      if constexpr (FMT == 3) {  // NVFP4 on f16 mma: e2m1 * e4m3 is exact in f16, so is q8; d_a per 32-block
-        uint32_t bf[4][4];  // per column tile: f16 weights (k 4t, 4t+1 | 4t+2, 4t+3) of 16-blocks 0, 1
+      uint32_t a[MT][4];
+      float da[MT][2];
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int col = cbase + nt * 8;
-          const uint8_t* p = B + (col + g) * B_LD + kb * 16 + 2 * t;
-          const uint32_t q = uint32_t(*reinterpret_cast<const uint16_t*>(p)) |
-                             (uint32_t(*reinterpret_cast<const uint16_t*>(p + 8)) << 16);
-          uint32_t h[4];
-          e2m1x8_to_half2x4(q, h);
-          const uint32_t sc = reinterpret_cast<const uint32_t*>(S)[kb * BN + col + g];
-          const uint32_t s0 = prmt(sc, 0u, 0x1010u), s1 = prmt(sc, 0u, 0x3232u);
-          bf[nt][0] = hmul2_u32(h[0], s0), bf[nt][1] = hmul2_u32(h[1], s0);
-          bf[nt][2] = hmul2_u32(h[2], s1), bf[nt][3] = hmul2_u32(h[3], s1);
+      for (int mt = 0; mt < MT; ++mt) {
+        ldsm_x4(a[mt], A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
+        da[mt][0] = D[(rbase + mt * 16 + g) * 2 + kb];
+        da[mt][1] = D[(rbase + mt * 16 + g + 8) * 2 + kb];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = cbase + nt * 8;
+        const uint8_t* p = B + (col + g) * B_LD;
+        uint32_t b0, b1;  // k 4t..4t+3 and 16+4t..16+4t+3 of this 32-block, column col + g
+        if (FMT == 2) {
+          b0 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 4 * t);
+          b1 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 16 + 4 * t);
+        } else {
+          const uint32_t x0 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 2 * t);
+          const uint32_t x1 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 8 + 2 * t);
+          b0 = FMT == 0 ? e2m1_s8(x0) : w4_s8(x0);
+          b1 = FMT == 0 ? e2m1_s8(x1) : w4_s8(x1);
         }
+        // the scales of this thread's output columns col + 2t and col + 2t + 1
+        const float* sp = S + (kb * BN + col + 2 * t) * SC;
+        if (FMT == 0) {
+          const float4 h0 = *reinterpret_cast<const float4*>(sp);       // sw 16-block 0, 1, -sw*magic 0, 1
+          const float4 h1 = *reinterpret_cast<const float4*>(sp + SC);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t a8[4], a0[4], a1[4];  // int8 fragment; f16 fragments of 16-blocks 0 and 1
-          ldsm_x4(a8, A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
-          // slot "k 2t, 2t+1" holds k 4t, 4t+1 and slot "2t+8, 2t+9" k 4t+2, 4t+3, as bf above
-          i8x4_to_half2x2(a8[0], a0[0], a0[2]);
-          i8x4_to_half2x2(a8[1], a0[1], a0[3]);
-          i8x4_to_half2x2(a8[2], a1[0], a1[2]);
-          i8x4_to_half2x2(a8[3], a1[1], a1[3]);
-          const float d0 = D[(rbase + mt * 16 + g) * 2 + kb], d1 = D[(rbase + mt * 16 + g + 8) * 2 + kb];
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t d0[4], d1[4];
+            mma_k16(d0, a[mt][0], a[mt][1], b0);
+            mma_k16(d1, a[mt][2], a[mt][3], b1);
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            float c[4];
-            mma_f16(c, a0, bf[nt][0], bf[nt][1], z);
-            mma_f16(c, a1, bf[nt][2], bf[nt][3], c);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = fmaf(e < 2 ? d0 : d1, c[e], acc[mt][nt][e]);
-          }
-        }
-      } else {  // integer mma: NVFP4 (int8), W4A8, W8A8
-        uint32_t a[MT][4];
-        float da[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          ldsm_x4(a[mt], A + (rbase + mt * 16 + (lane & 15)) * A_LD + kb * 32 + (lane >> 4) * 16);
-          da[mt][0] = D[(rbase + mt * 16 + g) * 2 + kb];
-          da[mt][1] = D[(rbase + mt * 16 + g + 8) * 2 + kb];
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int col = cbase + nt * 8;
-          const uint8_t* p = B + (col + g) * B_LD;
-          uint32_t b0, b1;  // k 4t..4t+3 and 16+4t..16+4t+3 of this 32-block, column col + g
-          if (FMT == 2) {
-            b0 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 4 * t);
-            b1 = *reinterpret_cast<const uint32_t*>(p + kb * 32 + 16 + 4 * t);
-          } else {
-            const uint32_t x0 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 2 * t);
-            const uint32_t x1 = *reinterpret_cast<const uint16_t*>(p + kb * 16 + 8 + 2 * t);
-            b0 = FMT == 0 ? e2m1_s8(x0) : w4_s8(x0);
-            b1 = FMT == 0 ? e2m1_s8(x1) : w4_s8(x1);
-          }
-          // the scales of this thread's output columns col + 2t and col + 2t + 1
-          const float* sp = S + (kb * BN + col + 2 * t) * SC;
-          if (FMT == 0) {
-            const float4 h0 = *reinterpret_cast<const float4*>(sp);       // sw 16-block 0, 1, -sw*magic 0, 1
-            const float4 h1 = *reinterpret_cast<const float4*>(sp + SC);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              uint32_t d0[4], d1[4];
-              mma_k16(d0, a[mt][0], a[mt][1], b0);
-              mma_k16(d1, a[mt][2], a[mt][3], b1);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float4& h = (e & 1) ? h1 : h0;
-                const float x0 = fmaf(h.x, __uint_as_float(d0[e]), h.z);  // round(sw0 * isum0)
-                const float x1 = fmaf(h.y, __uint_as_float(d1[e]), h.w);
-                acc[mt][nt][e] = fmaf(da[mt][e >> 1], x0 + x1, acc[mt][nt][e]);
-              }
+            for (int e = 0; e < 4; ++e) {
+              const float4& h = (e & 1) ? h1 : h0;
+              const float x0 = fmaf(h.x, __uint_as_float(d0[e]), h.z);  // round(sw0 * isum0)
+              const float x1 = fmaf(h.y, __uint_as_float(d1[e]), h.w);
+              acc[mt][nt][e] = fmaf(da[mt][e >> 1], x0 + x1, acc[mt][nt][e]);
             }
-          } else {
-            const float4 h = *reinterpret_cast<const float4*>(sp);  // sw, -sw*magic of both columns
+          }
+        } else {
+          const float4 h = *reinterpret_cast<const float4*>(sp);  // sw, -sw*magic of both columns
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              uint32_t d[4];
-              mma_k32(d, a[mt], b0, b1);
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t d[4];
+            mma_k32(d, a[mt], b0, b1);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float x = (e & 1) ? fmaf(h.z, __uint_as_float(d[e]), h.w) : fmaf(h.x, __uint_as_float(d[e]), h.y);
-                acc[mt][nt][e] = fmaf(da[mt][e >> 1], x, acc[mt][nt][e]);
-              }
+            for (int e = 0; e < 4; ++e) {
+              const float x = (e & 1) ? fmaf(h.z, __uint_as_float(d[e]), h.w) : fmaf(h.x, __uint_as_float(d[e]), h.y);
+              acc[mt][nt][e] = fmaf(da[mt][e >> 1], x, acc[mt][nt][e]);
             }
           }
         }
@@ -286,24 +235,187 @@ __global__ void __launch_bounds__(THREADS, MINB) gemm_q8_kernel(const Args args)
     }
   }
   cp_wait<0>();
-  // ---- store: column pairs as float2 where the row stride and pointer allow ----
-  const float ts = FMT == 0 || FMT == 3 ? tscale : 1.0f;
-  const bool pair = ((ldy | int(reinterpret_cast<uintptr_t>(y) >> 2)) & 1) == 0;
+  store_tile<MT, 4>(acc, FMT == 0 ? w.tscale : 1.0f, w.y, w.ldy, M, N, m0 + rbase, n0 + cbase, g, t);
+}
+
+// ===================== NVFP4 on the f16 mma, tiles made f16 once per block =====================
+// Kernel format 3. Session 6's version converted in every warp: each q8 value once per column
+// warp (4 of them at BN 128) and each weight code once per row warp, the conversion on the path
+// from the stage barrier to the mma (ncu: ~0.5 issued instructions a cycle per scheduler, PRMT /
+// LOP3 the largest share). Here the block converts stage s + 1 (the raw cp.async stage: q8 rows,
+// code rows) into an f16 buffer (q8 as is; codes by bit placement times the block scale, value x
+// scale x 2^-7, exact; 2^7 returned in the store) while its warps run stage s's mma from the
+// other f16 buffer: one barrier a stage, ldmatrix for both operands, no conversion between the
+// barrier and the mma, ~0.6x the instructions. Both tiles store each 8-value group of k in the
+// same order (gemm_mma_impl.cuh), so the products are session 6's; the tensor core's f32
+// summation order differs (a few ulps). Threads: A chunks of 16 q8 (BM * 4), B items of 32 codes
+// (BN * 2: a column's half of the stage, one 16-bit scale load), d_a rows (BM). The shared
+// memory pipe is now the busiest unit (ncu, gate/up at two blocks a SM: L1 83% of peak).
+template <int BM, int BN, int STG, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) gemm_nvfp4_h_kernel(const Args args) {
+  using C = CfgH<BM, BN, STG>;
+  constexpr int MT = C::MT, NT = C::NT, H_LD = C::H_LD;
+  constexpr int ACH = (BM * 4 + THREADS - 1) / THREADS, BCH = (BN * 2 + THREADS - 1) / THREADS;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* rA = smem;                                                   // [STG][BM][64] q8
+  uint8_t* rB = rA + STG * C::A_RAW;                                    // [STG][BN][32] codes
+  __half* hA = reinterpret_cast<__half*>(rB + STG * C::B_RAW);          // [2][BM][H_LD]
+  __half* hB = hA + 2 * C::AH;                                          // [2][BN][H_LD]
+  float* sD = reinterpret_cast<float*>(hB + 2 * C::BH);                 // [2][BM][2 kb]
+
+  const Weight w = weight_of(args);
+  const int8_t* __restrict__ xq = args.xq;
+  const float* __restrict__ xd = args.xd;
+  const int M = args.M, Kp = args.Kp, N = w.N;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wm = warp / C::WN, wn = warp % C::WN;
+  const int m0 = blockIdx.x * BM, n0 = (int(blockIdx.y) - w.t0) * BN;
+  const int nb = Kp / 32, nst = (nb + 1) / 2, wrow = Kp / 2, ns = Kp / 16;
+
+  auto load = [&](int s, int buf) {  // cp.async of one raw stage
+    const int k0 = s * BK;
+#pragma unroll
+    for (int i = 0; i < ACH; ++i) {
+      const int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
+      if (BM * 4 % THREADS == 0 || idx < BM * 4)
+        cp16(rA + buf * C::A_RAW + r * BK + c * 16, xq + size_t(min(m0 + r, M - 1)) * Kp + min(k0 + c * 16, Kp - 16));
+    }
+#pragma unroll
+    for (int i = 0; i < BCH; ++i) {
+      const int idx = tid + i * THREADS, r = idx >> 1, c = idx & 1;
+      if (BN * 2 % THREADS == 0 || idx < BN * 2)
+        cp16(rB + buf * C::B_RAW + r * (BK / 2) + c * 16,
+             w.codes + size_t(min(n0 + r, N - 1)) * wrow + min(k0 / 2 + c * 16, wrow - 16));
+    }
+  };
+  // scales one stage ahead in registers: the B items' two e4m3 bytes, the d_a rows' two floats
+  uint32_t rs[BCH];
+  float2 rd = make_float2(0.0f, 0.0f);
+  auto fetch = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < BCH; ++i) {
+      const int idx = tid + i * THREADS, r = idx >> 1, c = idx & 1;
+      const uint8_t* p = static_cast<const uint8_t*>(w.scales) + size_t(min(n0 + r, N - 1)) * ns;
+      rs[i] = __ldg(reinterpret_cast<const uint16_t*>(p + min(4 * s + 2 * c, ns - 2)));
+    }
+    if (tid < BM) {
+      const float* r = xd + size_t(min(m0 + tid, M - 1)) * nb;
+      rd = make_float2(__ldg(r + min(2 * s, nb - 1)), __ldg(r + min(2 * s + 1, nb - 1)));
+    }
+  };
+  // raw buffer rb -> f16 buffer hb (and the fetched scales -> sD[hb]); the raw words are read
+  // first (read_a, read_b), converted and stored after the next k-block's mma (put_a, put_b), so
+  // that their shared-memory latency overlaps it (and only one tile's words are live at a time:
+  // 128 registers at two blocks a SM)
+  uint4 va[ACH], vb[BCH];
+  auto read_a = [&](int rb) {
+#pragma unroll
+    for (int i = 0; i < ACH; ++i) {
+      const int idx = tid + i * THREADS;
+      if (BM * 4 % THREADS == 0 || idx < BM * 4)
+        va[i] = *reinterpret_cast<const uint4*>(rA + rb * C::A_RAW + (idx >> 2) * BK + (idx & 3) * 16);
+    }
+  };
+  auto read_b = [&](int rb) {
+#pragma unroll
+    for (int i = 0; i < BCH; ++i) {
+      const int idx = tid + i * THREADS;
+      if (BN * 2 % THREADS == 0 || idx < BN * 2)
+        vb[i] = *reinterpret_cast<const uint4*>(rB + rb * C::B_RAW + (idx >> 1) * (BK / 2) + (idx & 1) * 16);
+    }
+  };
+  auto put_a = [&](int hb) {
+#pragma unroll
+    for (int i = 0; i < ACH; ++i) {
+      const int idx = tid + i * THREADS;
+      if (BM * 4 % THREADS == 0 || idx < BM * 4) {
+        uint4* o = reinterpret_cast<uint4*>(hA + hb * C::AH + (idx >> 2) * H_LD + (idx & 3) * 16);
+        o[0] = i8x8_to_h8(va[i].x, va[i].y);
+        o[1] = i8x8_to_h8(va[i].z, va[i].w);
+      }
+    }
+    if (tid < BM) *reinterpret_cast<float2*>(sD + hb * BM * 2 + tid * 2) = rd;
+  };
+  auto put_b = [&](int hb) {
+#pragma unroll
+    for (int i = 0; i < BCH; ++i) {
+      const int idx = tid + i * THREADS;
+      if (BN * 2 % THREADS == 0 || idx < BN * 2) {
+        uint4* o = reinterpret_cast<uint4*>(hB + hb * C::BH + (idx >> 1) * H_LD + (idx & 1) * 32);
+        const uint32_t s0 = e4m3_h2_x128(rs[i] & 0xFFu), s1 = e4m3_h2_x128(rs[i] >> 8);
+        o[0] = e2m1x8_to_h8(vb[i].x, s0);
+        o[1] = e2m1x8_to_h8(vb[i].y, s0);
+        o[2] = e2m1x8_to_h8(vb[i].z, s1);
+        o[3] = e2m1x8_to_h8(vb[i].w, s1);
+      }
+    }
+  };
+
+  float acc[MT][NT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    for (int nt = 0; nt < 4; ++nt)
-      for (int h = 0; h < 2; ++h) {
-        const int m = m0 + rbase + mt * 16 + g + 8 * h, n = n0 + cbase + nt * 8 + 2 * t;
-        if (m >= M || n >= N) continue;
-        float* o = y + size_t(m) * ldy + n;
-        const float v0 = acc[mt][nt][2 * h] * ts, v1 = acc[mt][nt][2 * h + 1] * ts;
-        if (pair && n + 1 < N) {
-          *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
-        } else {
-          o[0] = v0;
-          if (n + 1 < N) o[1] = v1;
-        }
+    for (int nt = 0; nt < NT; ++nt)
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+  const int rbase = wm * MT * 16, cbase = wn * NT * 8;
+  // one k-block (32 values) of f16 buffer hb: per column tile one ldmatrix (both 16-halves' B
+  // fragments), per row tile two; two mma per 32-block, then d_a in f32
+  auto mma_kb = [&](int hb, int kb) {
+    const __half* A = hA + hb * C::AH + kb * 32;
+    const __half* B = hB + hb * C::BH + kb * 32;
+    const float* D = sD + hb * BM * 2 + kb;
+    uint32_t b[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) ldsm_x4(b[nt], B + (cbase + nt * 8 + (lane & 7)) * H_LD + (lane >> 3) * 8);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t a0[4], a1[4];
+      const __half* ar = A + (rbase + mt * 16 + (lane & 15)) * H_LD + (lane >> 4) * 8;
+      ldsm_x4(a0, ar);
+      ldsm_x4(a1, ar + 16);
+      const float d0 = D[(rbase + mt * 16 + g) * 2], d1 = D[(rbase + mt * 16 + g + 8) * 2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float c[4];
+        mma_f16(c, a0, b[nt][0], b[nt][1], z);
+        mma_f16(c, a1, b[nt][2], b[nt][3], c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = fmaf(e < 2 ? d0 : d1, c[e], acc[mt][nt][e]);
       }
+    }
+  };
+
+  fetch(0);
+#pragma unroll
+  for (int s = 0; s < STG - 1; ++s) {
+    if (s < nst) load(s, s);
+    cp_commit();
+  }
+  cp_wait<STG - 2>();  // stage 0
+  __syncthreads();
+  read_a(0);
+  read_b(0);
+  put_a(0);
+  put_b(0);
+  if (nst > 1) fetch(1);
+  for (int it = 0; it < nst; ++it) {
+    cp_wait<STG - 3>();  // stage it + 1 (this thread's copies), then everyone's; f16 buffer it & 1 complete
+    __syncthreads();
+    if (it + STG - 1 < nst) load(it + STG - 1, (it + STG - 1) % STG);
+    cp_commit();
+    // stage it + 1 into f16 buffer (it + 1) & 1 (past the last stage: stale bytes into a buffer never read)
+    const int hb = it & 1;
+    read_a((it + 1) % STG);
+    mma_kb(hb, 0);
+    put_a(hb ^ 1);
+    read_b((it + 1) % STG);
+    if (it * 2 + 1 < nb) mma_kb(hb, 1);  // a tail stage has one 32-block
+    put_b(hb ^ 1);
+    if (it + 2 < nst) fetch(it + 2);
+  }
+  cp_wait<0>();
+  store_tile<MT, NT>(acc, w.tscale * 128.0f, w.y, w.ldy, M, N, m0 + rbase, n0 + cbase, g, t);
 }
 
 // ================================ launch ================================
@@ -333,6 +445,31 @@ cudaError_t launch_cfg(int cfg, const Args& a, int tiles, cudaStream_t stream) {
   }
 }
 
+template <int BM, int BN, int STG, int MINB>
+cudaError_t launch_h(const Args& a, int tiles, cudaStream_t stream) {
+  constexpr int smem = CfgH<BM, BN, STG>::SMEM;
+  static bool ready = false;
+  if (!ready) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(gemm_nvfp4_h_kernel<BM, BN, STG, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    ready = true;
+  }
+  const dim3 grid((a.M + BM - 1) / BM, tiles);
+  gemm_nvfp4_h_kernel<BM, BN, STG, MINB><<<grid, THREADS, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_cfg_h(int cfg, const Args& a, int tiles, cudaStream_t stream) {
+  switch (cfg) {  // two blocks a SM: 110 KB (3 raw stages), 89, 98, 71 KB; one a SM: 122 KB
+    case 0: return launch_h<128, 128, 3, 2>(a, tiles, stream);
+    case 1: return launch_h<64, 128, 4, 2>(a, tiles, stream);
+    case 2: return launch_h<128, 64, 4, 2>(a, tiles, stream);
+    case 3: return launch_h<32, 128, 4, 2>(a, tiles, stream);
+    default: return launch_h<128, 128, 4, 1>(a, tiles, stream);
+  }
+}
+
 int sm_count() {
   static int n = 0;
   if (!n) {
@@ -348,7 +485,7 @@ int sm_count() {
 // tokens) or many (gate/up, lm_head); 64 x 128 (two per SM) in between (q/k/v: 1.45 waves) and
 // for 33-64 tokens; 32 x 128 for fewer.
 // NVFP4 on the f16 mma (format 3) keeps two blocks per SM where there are many waves (gate/up
-// 749.9 vs 777.8 µs, lm_head 3,180.8 vs 3,401.6 at 512 tokens; session 6 sweep).
+// 563.7 vs 657.5 µs at 512 tokens; session 8 sweep, which confirmed the other picks too).
 int pick_cfg(int fmt, int M, int tiles128) {
   const int sms = sm_count();
   if (M <= 32) return 3;
@@ -391,7 +528,7 @@ cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, i
     case 0: return launch_cfg<0>(cfg, a, tile, stream);
     case 1: return launch_cfg<1>(cfg, a, tile, stream);
     case 2: return launch_cfg<2>(cfg, a, tile, stream);
-    default: return launch_cfg<3>(cfg, a, tile, stream);
+    default: return launch_cfg_h(cfg, a, tile, stream);
   }
 }
 }  // namespace detail

@@ -133,7 +133,7 @@ namespace detail {
 // gemm_q8_mma_many with a chosen tile shape (0: 128 x 128, 1: 64 x 128, 2: 128 x 64, 3: 32 x 128
 // tokens x outputs, two blocks per SM; 4: 128 x 128, one block per SM; -1 picks by shape as the
 // engine does) and kernel format (0 NVFP4 on the int8 mma, 1 W4A8, 2 W8A8, 3 NVFP4 on the f16
-// mma). For bench_gemm_mma's sweep only.
+// mma, the tiles made f16 in shared memory once per block). For bench_gemm_mma's sweep only.
 cudaError_t gemm_q8_mma_config(int cfg, int fmt, const GemmQ8Weight* w, int n, int group, int Kp, const int8_t* xq,
                                const float* xd, int M, cudaStream_t stream);
 // Batch-1 GEMV in a chosen configuration (R, U) in {(1,1), (1,2), (1,4), (2,2)}: R rows per

@@ -11,7 +11,9 @@
 //   nvcc -O3 -std=c++17 -arch=native -Inative/include -Inative -Inative/kernels/cuda \
 //     native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma*.cu \
 //     native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma
-//   build/bench_gemm_mma [M] [sweep] [chunks]
+//   build/bench_gemm_mma [M] [sweep] [chunks] [nv] [nohead] [prof FMT CFG SHAPE]
+// nv: the NVFP4 kernels only (formats 3 and 0); nohead: no lm_head; prof: only SHAPE in kernel
+// format FMT, tile CFG, launched 3 times without validation or timing (for ncu --launch-skip 2).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,8 +69,15 @@ float time_us(F f) {
 
 int main(int argc, char** argv) {
   const int M = argc > 1 ? std::atoi(argv[1]) : 512;
-  bool sweep = false, chunks = false;
-  for (int i = 2; i < argc; ++i) sweep |= !std::strcmp(argv[i], "sweep"), chunks |= !std::strcmp(argv[i], "chunks");
+  bool sweep = false, chunks = false, nvonly = false, nohead = false;
+  int pfmt = -1, pcfg = -1;
+  const char* pshape = "";
+  for (int i = 2; i < argc; ++i) {
+    sweep |= !std::strcmp(argv[i], "sweep"), chunks |= !std::strcmp(argv[i], "chunks");
+    nvonly |= !std::strcmp(argv[i], "nv"), nohead |= !std::strcmp(argv[i], "nohead");
+    if (!std::strcmp(argv[i], "prof") && i + 3 < argc)
+      pfmt = std::atoi(argv[i + 1]), pcfg = std::atoi(argv[i + 2]), pshape = argv[i + 3], i += 3;
+  }
   struct Shape { const char* name; int K; int n; int N[3]; };
   const Shape shapes[] = {{"qkv", 4096, 3, {4096, 1024, 1024}}, {"o", 4096, 1, {4096}},
                           {"gate_up", 4096, 2, {14336, 14336}}, {"down", 14336, 1, {4096}},
@@ -79,10 +88,12 @@ int main(int argc, char** argv) {
   double sum_new[4] = {0, 0, 0, 0}, sum_peer[4] = {0, 0, 0, 0};  // the layer shapes' µs (no lm_head)
   const char* fnames[4] = {"nvfp4/i8", "w4a8", "w8a8", "nvfp4/f16"};
   for (int fmt : {3, 0, 1, 2}) {  // kernel formats: 3 and 0 are both NVFP4 (f16 / int8 mma)
+    if ((nvonly && fmt != 0 && fmt != 3) || (pfmt >= 0 && fmt != pfmt)) continue;
     const bool nv = fmt == 0 || fmt == 3;
     const int wf = nv ? 0 : fmt;  // the weight format
     for (const Shape& s : shapes) {
-      if (wf == 2 && s.N[0] > 28672) continue;
+      if ((wf == 2 || nohead) && s.N[0] > 28672) continue;
+      if (pfmt >= 0 && std::strcmp(s.name, pshape)) continue;
       int N = 0;
       for (int i = 0; i < s.n; ++i) N += s.N[i];
       const int K = s.K, nb = K / 32;
@@ -160,6 +171,13 @@ int main(int argc, char** argv) {
         return rel;
       };
       const char* fname = fnames[fmt];
+      if (pfmt >= 0) {  // for ncu: three launches of one configuration
+        for (int r = 0; r < 3; ++r) gemm(pcfg);
+        CK(cudaDeviceSynchronize());
+        std::printf("prof %s %s cfg %s: 3 launches\n", fname, s.name, cfg_name[pcfg]);
+        cudaFree(dc), cudaFree(ds), cudaFree(dq), cudaFree(dd), cudaFree(dsa), cudaFree(y0), cudaFree(y1);
+        continue;
+      }
       const double ops = 2.0 * M * N * K;
       double rel = 0;
       for (int cfg = 0; cfg < 5; ++cfg) {  // every configuration validated
