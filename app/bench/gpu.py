@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.bench import gpu_model, gpu_seed
+from app.bench import gpu_model, gpu_peer, gpu_seed
 from app.engine import _native
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def prefill_ab(eng, n: int, reps: int) -> dict[str, float]:
     return {arm: n / statistics.median(t) for arm, t in times.items()}
 
 
-LLAMA_CPP_PP512_8B = 10634  # tok/s, llama-bench pp512 fa on, Q4_0, same H200 (/work/shared/tools/llamacpp-peer)
+LLAMA_CPP_PP512_8B = gpu_peer.RECORDED_PP512  # the A/B scripts' reference (decode_ab.py, prefill_ab.py)
 
 
 def prefill_gemv_chunks(model: str, reps: int, **kw) -> float:
@@ -197,7 +197,7 @@ def smollm2(reps: int, out: dict) -> None:
                       "cpu_prefill_tps_512": cpu_pf, "cpu_threads": cpu.threads}
 
 
-def llama8b(reps: int, gbs: float | None, out: dict) -> None:
+def llama8b(reps: int, gbs: float | None, out: dict, peer: gpu_peer.PeerFigures) -> None:
     t0 = time.perf_counter()
     t = gpu_model.random_tensors("llama3-8b", "nvfp4", "nvfp4", seed=0, embed="f16")
     eng = gpu_model.build("llama3-8b", "nvfp4", "nvfp4", "cuda", tensors=t, head="nvfp4", max_context=8192,
@@ -214,7 +214,11 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
     ab = prefill_ab(eng, 512, max(2, reps // 2))
     r["prefill_tps_512"], r["prefill_tps_512_nvfp4_i8"] = ab["new"], ab["i8"]
     r["prefill_tps_512_rows_off"] = ab["rows=0"]
-    r["prefill_vs_llama_cpp"] = r["prefill_tps_512"] / LLAMA_CPP_PP512_8B
+    r["prefill_vs_llama_cpp"] = r["prefill_tps_512"] / peer.pp512
+    r["decode_16_vs_llama_cpp"] = 1e6 / r["decode_us_16"] / peer.tg128
+    if peer.tg128_4096:
+        r["decode_4096_vs_llama_cpp"] = 1e6 / r["decode_us_4096"] / peer.tg128_4096
+    r["llama_cpp"] = {"pp512": peer.pp512, "tg128": peer.tg128, "tg128_4096": peer.tg128_4096, "source": peer.source}
     del eng
     kw8 = dict(tensors=t, head="nvfp4", max_context=8192, embed="f16")
     r["decode_us_16_no_buckets"] = ab_decode_us({"KVDECK_CUDA_CTX_BUCKETS": "0"}, ("llama3-8b", "nvfp4", "nvfp4", "cuda"),
@@ -223,14 +227,18 @@ def llama8b(reps: int, gbs: float | None, out: dict) -> None:
                                                            max_context=8192, embed="f16")
     del t
     out["llama3_8b"] = r
+    print(f"  llama.cpp (Q4_0, flash attention on): pp512 {peer.pp512:.0f} tok/s, tg128 {peer.tg128:.1f} tok/s"
+          + (f", tg128 after 4096 {peer.tg128_4096:.1f}" if peer.tg128_4096 else "") + f"; {peer.source}", flush=True)
     for ctx in (16, 4096):
         frac = f", {r[f'roofline_fraction_{ctx}']:.2f} of roofline ({r[f'roofline_us_{ctx}']:.0f} µs)" if gbs else ""
+        vs = {16: r["decode_16_vs_llama_cpp"], 4096: r.get("decode_4096_vs_llama_cpp")}[ctx]
         print(f"  llama3-8b nvfp4, nvfp4 KV: decode {r[f'decode_us_{ctx}']:8.1f} µs/token "
-              f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}", flush=True)
+              f"({1e6 / r[f'decode_us_{ctx}']:6.1f} tok/s) @{ctx}{frac}"
+              + (f", {vs:.2f}x llama.cpp" if vs else ""), flush=True)
     print(f"  llama3-8b decode without context-bucket graphs (KVDECK_CUDA_CTX_BUCKETS=0): "
           f"{r['decode_us_16_no_buckets']:8.1f} µs/token @16", flush=True)
     print(f"  llama3-8b prefill {r['prefill_tps_512']:8.0f} tok/s (512) = {r['prefill_vs_llama_cpp']:.2f}x llama.cpp "
-          f"({LLAMA_CPP_PP512_8B} pp512, fa on); NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8, "
+          f"(pp512 {peer.pp512:.0f}, fa on); NVFP4 on the int8 mma (KVDECK_CUDA_GEMM_NVFP4=i8, "
           f"interleaved) {r['prefill_tps_512_nvfp4_i8']:8.0f}; per-item RoPE + KV and per-block q8 kernels "
           f"(KVDECK_CUDA_PREFILL_ROWS=0) {r['prefill_tps_512_rows_off']:8.0f}; batch-8 GEMV chunks (KVDECK_CUDA_MMA=0) "
           f"{r['prefill_tps_512_gemv_chunks']:8.0f} tok/s", flush=True)
@@ -251,7 +259,14 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--no-8b", action="store_true", help="skip the Llama-3-8B-shaped model")
     ap.add_argument("--no-seed", action="store_true", help="skip the seed-000 task (cache on / off)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--peer", type=Path, default=None,
+                    help="llama-bench -o jsonl output of the llama.cpp peer run on this GPU (else its recorded figures)")
     args = ap.parse_args(argv)
+    try:
+        peer = gpu_peer.read_jsonl(args.peer) if args.peer else gpu_peer.recorded()
+    except (OSError, ValueError) as e:
+        print(f"bench gpu: --peer: {e}", file=sys.stderr)
+        return 2
     if "cuda" not in _native.backends():
         why = "this build has no CUDA backend" if "cuda" not in _native.built_backends() else "no usable GPU"
         print(f"bench gpu: {why}", file=sys.stderr)
@@ -264,7 +279,7 @@ def run(argv: list[str]) -> int:
     if not args.no_seed:
         gpu_seed.seed000(out)
     if not args.no_8b:
-        llama8b(args.reps, gbs, out)
+        llama8b(args.reps, gbs, out, peer)
     if args.kernels:
         kernels(out)
     if args.json:

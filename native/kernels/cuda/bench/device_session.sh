@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [peer] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
 # ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape); with pf8b among the
 #     steps also the 32-layer 8B prefill A/B (NVFP4 on the f16 mma / on the int8 mma, GEMM_NVFP4=i8) on that engine.
 # tests: TESTS_K in the environment selects tests by pytest -k (e.g. "not new_attention").
 # 8b: `bench gpu` whole (with the seed-000 rows unless noseed is among the steps).
 # fused: bench/fused/check_fused.cu (fused.cu's norm / silu kernels: bit-exactness and µs per launch), both
 #        ways (KVDECK_CUDA_NORM_SERIAL=0 / 1), linked against the module build's objects.
+# peer: llama.cpp's llama-bench (../shared/tools/llamacpp-peer's fetch.sh -> .peer, carried) as the same run's
+#       peer: built on cores 6-15 in the background from the start (~5 min) with its random 8B Q4_0 GGUF; the
+#       step waits for it, runs pp512 / tg128 at depth 0 and 4096, flash attention on, -r 3, into
+#       OUT/llama-bench-8b.jsonl, which a later `8b` step passes to `bench gpu --peer`. Put it before `8b`.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
 #       and the seed-000 task via `kvdeck check-prefix --device cuda` (wheels carried in .whl/).
 # Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
@@ -19,6 +23,20 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
 t0=$(date +%s)
+peer_pid=
+if [[ " $* " == *" peer "* ]]; then
+  if [ -f .peer/device.sh ]; then
+    ( b=/tmp/llamacpp-build; arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+      taskset -c 6-15 cmake -S .peer/llama.cpp -B $b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+        -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF && taskset -c 6-15 cmake --build $b --target llama-bench -j10 \
+      && PYTHONPATH=.peer/llama.cpp/gguf-py taskset -c 6-15 python3 .peer/random_gguf.py 8b Q4_0 /tmp/random-8b-Q4_0.gguf
+    ) >/tmp/peer-build.log 2>&1 &
+    peer_pid=$!
+  else
+    echo "peer: no .peer here (run ../shared/tools/llamacpp-peer/fetch.sh and carry .peer)"
+  fi
+fi
 cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVDECK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DPython_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >"$out/cmake.log" 2>&1 \
   || { tail -40 "$out/cmake.log"; exit 1; }
@@ -50,7 +68,19 @@ for step in "$@"; do
     bench)
       timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" --no-8b 2>&1 | tee "$out/bench.log" ;;
     8b)
-      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" $noseed 2>&1 | tee "$out/bench.log" ;;
+      peerarg=; [ -s "$out/llama-bench-8b.jsonl" ] && peerarg="--peer $out/llama-bench-8b.jsonl"
+      timeout 400 python3 -c "$gpu" --json "$out/bench_gpu.json" $noseed $peerarg 2>&1 | tee "$out/bench.log" ;;
+    peer)
+      if [ -n "$peer_pid" ]; then
+        w0=$(date +%s); wait $peer_pid; rc=$?
+        echo "peer: build + GGUF ready $(( $(date +%s) - t0 )) s after the start (waited $(( $(date +%s) - w0 )) s), rc $rc"
+        if [ $rc = 0 ]; then
+          timeout 300 /tmp/llamacpp-build/bin/llama-bench -m /tmp/random-8b-Q4_0.gguf -fa 1 -p 512 -n 128 -d 0,4096 \
+            -ngl 99 -r 3 -o jsonl -oe md > "$out/llama-bench-8b.jsonl"
+        else
+          tail -30 /tmp/peer-build.log
+        fi
+      fi ;;
     profile)
       for m in "smollm2-135m" "llama3-8b 8"; do
         PYTHONPATH=. timeout 200 python3 native/kernels/cuda/bench/profile_decode.py $m 2>&1 | grep -v Warning | tee -a "$out/profile.log"

@@ -27,9 +27,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from app.bench import gpu_model
+from app.bench.gpu_peer import RECORDED_PP512 as LLAMA_CPP_PP512_8B
 
 REPS = 3
-LLAMA_CPP_PP512_8B = 10634  # tok/s, llama-bench pp512 fa on, Q4_0, same H200 (/work/shared/tools/llamacpp-peer)
 KINDS = (("gemm", ("gemm_q8", "gemv")), ("attention", ("attention", "attn")), ("norm+q8", ("rmsnorm", "norm")),
          ("rope+kv", ("rope", "kv_write")), ("silu+q8", ("silu",)), ("quantize", ("quantize",)))
 
