@@ -46,7 +46,7 @@ def test_every_emulated_check_passes(emu_run):
     fails = [ln for ln in emu_run.splitlines() if ln.startswith("FAIL")]
     assert not fails and emu_run.rstrip().endswith("rc=0"), emu_run[-3000:]
     m = re.search(r"^PASS: (\d+) of (\d+) checks passed", emu_run, re.M)
-    assert m and m.group(1) == m.group(2) == "24", emu_run[-2000:]
+    assert m and m.group(1) == m.group(2) == "40", emu_run[-2000:]
 
 
 @pytest.mark.parametrize("what", ["prefill f16 M", "prefill f16 q16", "prefill nvfp4 fresh", "prefill nvfp4 M",

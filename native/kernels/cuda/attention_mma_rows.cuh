@@ -118,6 +118,73 @@ __device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, c
   }
 }
 
+// A lane's byte offsets inside a chunk, fixed for the kernel (session 8: the loader above
+// recomputed the 64-bit address of each of its 14 loads every chunk, ~100 of the chunk's ~550
+// instructions; with these a chunk costs one 64-bit base per pool and an add per load). Row j of
+// a chunk is pool row (row0 + j) n_kv + g_kv; the lane reads K rows g, g + 8 and V rows 2t, 2t+1,
+// 2t+8, 2t+9 (load_chunk's segments). rk / rv: bytes from one token to the next (n_kv rows).
+struct LaneRows {
+  uint32_t kc, dks, dkr;  // K row g: the lane's codes; its block scale(s), the row scale (row-scaled formats) after them
+  uint32_t vc, dvs, dvr;  // V row 2t: the same
+  uint32_t rk, rv;
+};
+template <KvFormat F, int D>
+__device__ __forceinline__ LaneRows lane_rows(int n_kv, int g_kv, int gid, int tig) {
+  using T = Fmt<F>;
+  constexpr uint32_t KR = uint32_t(T::template krow<D>()), VR = uint32_t(T::template vrow<D>());
+  constexpr uint32_t KSEG = T::kK8 ? D / 4 : D / 8;  // bytes of a lane's K segment
+  LaneRows o;
+  o.rk = uint32_t(n_kv) * KR, o.rv = uint32_t(n_kv) * VR;
+  // the scales lie after every lane's segment: the differences are positive
+  o.kc = (uint32_t(gid * n_kv + g_kv)) * KR + uint32_t(tig) * KSEG;
+  o.dks = D / 2 + (D == 128 ? 2 * tig : tig) - tig * KSEG;
+  o.dkr = (T::kK8 ? D : D / 2 + D / 16) - tig * KSEG;
+  o.vc = (uint32_t(2 * tig * n_kv + g_kv)) * VR + uint32_t(gid) * (D / 16);
+  o.dvs = D / 2 + gid * (D / 8) / 16 - gid * (D / 16);
+  o.dvr = D / 2 + D / 16 - gid * (D / 16);
+  return o;
+}
+
+// load_chunk's bytes through lane_rows' offsets: row0 = the chunk's first token's pool row
+// (page slot x block + offset), the clamp as load_chunk's (rows >= valid re-read row valid - 1):
+// one 64-bit base per pool and chunk, then a 64-bit add per pointer (the +8 of a K segment's
+// second word is the load's immediate).
+template <KvFormat F, int D, bool kClamp>
+__device__ __forceinline__ void load_chunk_at(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, uint32_t row0,
+                                              const LaneRows& o, int valid, int gid, int tig) {
+  using R = KvRegs<F, D>;
+  using T = Fmt<F>;
+  constexpr int A = T::template align<D>();
+  const uint8_t* kl = kb + (size_t(row0) * o.rk + o.kc);  // K row g, the lane's segment
+  const uint8_t* vl = vb + (size_t(row0) * o.rv + o.vc);  // V row 2t
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile) {
+    const int j = gid + 8 * tile;
+    const uint8_t* p = kClamp ? kl + ptrdiff_t(min(j, valid - 1) - gid) * int(o.rk) : kl + (tile ? 8 * o.rk : 0u);
+    if constexpr (T::kK8) {
+      load_words<2>(p, r.k[tile], R::KW);
+      r.ks[tile] = 0;
+    } else {
+      load_words<A>(p, r.k[tile], R::KW);
+      r.ks[tile] = D == 128 ? ld_u16(p + o.dks) : __ldg(p + o.dks);
+    }
+    if constexpr (T::kRowScale) r.rk[tile] = ld_u16(p + o.dkr);
+  }
+  constexpr int rows[4] = {0, 1, 8, 9};  // V rows 2t + these
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* p = kClamp ? vl + ptrdiff_t(min(2 * tig + rows[i], valid - 1) - 2 * tig) * int(o.rv)
+                              : vl + uint32_t(rows[i]) * o.rv;
+    load_words<A>(p, r.v[i], R::VW);
+    r.vs[i] = __ldg(p + o.dvs);
+    if constexpr (T::kRowScale) {
+      const uint32_t sv = ld_u16(p + o.dvr);
+      if (i % 2 == 0) r.rv[i / 2] = sv;
+      else r.rv[i / 2] |= sv << 16;
+    }
+  }
+}
+
 // Four int8 (one word) as two exact half2: 1024 + (x + 128) by bit placement, minus 1152.
 __device__ __forceinline__ void i8x4_to_half2x2(uint32_t w, uint32_t h[2]) {
   const uint32_t t = w ^ 0x80808080u;
@@ -160,12 +227,25 @@ __device__ __forceinline__ __half2 e4m3x2_h2_x128(uint32_t b) {
   return __hmul2(bits2h(h), __float2half2_rn(32768.0f));
 }
 
+// The two E4M3 block scales of a u16 (blocks b, b + 1: bits 0-7, 8-15) as the f16 pair (s_b, s_b+1) x 2^7.
+__device__ __forceinline__ __half2 e4m3_u16_h2_x128(uint32_t u) { return e4m3x2_h2_x128(prmt(u, 0u, 0x4140u)); }
+
 // One K word (8 codes c0..c7 of one token) times its block scale: kh = (c0, c4), (c1, c5),
 // (c2, c6), (c3, c7), each value x 2^-7 (Q pairs its D index the same way).
 __device__ __forceinline__ void k_word_h2(uint32_t w, uint32_t scale_byte, uint32_t kh[4]) {
   uint32_t e, o;
   e2m1_hi_bytes(w, e, o);
   const __half2 sc = e4m3x2_h2_x128(scale_byte | scale_byte << 16);
+  kh[0] = h2bits(__hmul2(bits2h(hi_bytes02(e)), sc));
+  kh[1] = h2bits(__hmul2(bits2h(hi_bytes02(o)), sc));
+  kh[2] = h2bits(__hmul2(bits2h(hi_bytes13(e)), sc));
+  kh[3] = h2bits(__hmul2(bits2h(hi_bytes13(o)), sc));
+}
+
+// k_word_h2 with the block scale given as the f16 pair (s, s) x 2^7 (e4m3_u16_h2_x128's halves).
+__device__ __forceinline__ void k_word_h2s(uint32_t w, __half2 sc, uint32_t kh[4]) {
+  uint32_t e, o;
+  e2m1_hi_bytes(w, e, o);
   kh[0] = h2bits(__hmul2(bits2h(hi_bytes02(e)), sc));
   kh[1] = h2bits(__hmul2(bits2h(hi_bytes02(o)), sc));
   kh[2] = h2bits(__hmul2(bits2h(hi_bytes13(e)), sc));
