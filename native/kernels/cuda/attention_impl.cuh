@@ -37,10 +37,4 @@ cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int spl
                                 int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh = {},
                                 const ActQ8Out& q8 = {});
 
-// attention_decode_mma with split-kernel variant var (attention_mma.cu kVar: 0 session 7, 1 lane
-// offsets, 2 + the padded merge buffer, 3 + Q through shared memory), D 128 and G 4 only
-// (gpu_bench's A/B).
-cudaError_t attention_decode_mma_variant(int var, const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
-                                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream);
-
 }  // namespace kvdeck::cuda::detail

@@ -122,25 +122,10 @@ void run_case(Options& o, const AttnCase& c) {
     Fn fn;
     double bound;
   };
-  // the split kernel's variants (attention_mma.cu kVar) at D 128, G 4: session 7's (s7) and
-  // session 8's candidates, timed beside the default (gpukv8's A/B)
-  static const char* kVarNames[] = {"_s7", "_v1", "_v2", "_v3"};
-  static const Fn kVarFns[] = {
-      [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws, float* out,
-         cudaStream_t st) { return kc::detail::attention_decode_mma_variant(0, kv, q, nh, cx, mc, sc, ws, out, st); },
-      [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws, float* out,
-         cudaStream_t st) { return kc::detail::attention_decode_mma_variant(1, kv, q, nh, cx, mc, sc, ws, out, st); },
-      [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws, float* out,
-         cudaStream_t st) { return kc::detail::attention_decode_mma_variant(2, kv, q, nh, cx, mc, sc, ws, out, st); },
-      [](const kc::PagedKv& kv, const float* q, int nh, const int32_t* cx, int mc, float sc, float* ws, float* out,
-         cudaStream_t st) { return kc::detail::attention_decode_mma_variant(3, kv, q, nh, cx, mc, sc, ws, out, st); }};
-  const bool var_shape = c.D == 128 && c.n_heads == 4 * c.n_kv;
-  if (c.profile) {  // one launch of each kernel (ncu): the default, and session 7's and v1 for the 4-bit formats
+  if (c.profile) {  // one launch of the default kernels (ncu)
     CK(kc::attention_decode(kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
-    if (c.fmt != kc::KvFormat::F16 && c.fmt != kc::KvFormat::F32 && var_shape)
-      for (int v : {0, 1}) CK(kVarFns[v](kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
     CK(cudaDeviceSynchronize());
-    std::printf("PROFILE attn_%s ctx=%d: default%s\n", fname, c.ctx, var_shape && c.fmt != kc::KvFormat::F16 ? ", s7, v1" : "");
+    std::printf("PROFILE attn_%s ctx=%d: one launch\n", fname, c.ctx);
   }
   // attn_<fmt>: the default (attention_decode); _simt / _mma: each kernel explicitly
   // (the launchers' trailing fresh_k / fresh_v default to none: wrapped to one signature)
@@ -153,9 +138,6 @@ void run_case(Options& o, const AttnCase& c) {
   const bool simt = c.fmt == kc::KvFormat::F16 || c.fmt == kc::KvFormat::F32;  // the SIMT kernel's formats
   std::vector<Variant> vars = {{std::string("attn_") + fname, dflt, simt ? 1e-4 : 1e-3}};
   if (!simt) vars.push_back({std::string("attn_") + fname + "_mma", mma, 1e-3});
-  if (!simt && var_shape)  // every variant for NVFP4; session 7's for the row-scaled formats
-    for (int v = 0; v < (c.fmt == kc::KvFormat::NVFP4 ? 4 : 1); ++v)
-      vars.push_back({std::string("attn_") + fname + kVarNames[v], kVarFns[v], 1e-3});
   if (simt) vars.push_back({std::string("attn_") + fname + "_simt", kc::detail::attention_decode_simt, 1e-4});
   for (const Variant& var : vars) {
     if (c.profile) break;

@@ -141,8 +141,8 @@ void prefill_case(int nh, int n_kv, int M, int p0, bool fresh, double bound) {
 
 // ---- decode (split kernel + the combine's formula) ---------------------------------------------
 
-// V: attention_mma.cu's split-kernel variant (kVar); B: tokens per page
-template <kc::KvFormat F, int D, int G, int V = kc::kMmaDefault>
+// B: tokens per page
+template <kc::KvFormat F, int D, int G>
 void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
   std::mt19937 rng(5 + ctx * 3 + D + static_cast<int>(F) * 11 + G + 1);
   const int nh = n_kv * G;
@@ -156,7 +156,7 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
   const int32_t ctx_dev = ctx;
   const float sl2 = float(1.0 / std::sqrt(double(D))) * 1.4426950408889634f;
   emu::launch(dim3(unsigned(n_kv), unsigned(n_splits)), 128, [&] {
-    kc::attn_mma_kernel<F, D, G, V>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
+    kc::attn_mma_kernel<F, D, G>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
                                        n_splits, n_pt, sl2, ws.data());
   });
   std::vector<float> out(q.size());
@@ -177,8 +177,8 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
   for (int h = 0; h < nh; ++h) ref_row(L, &q[size_t(h) * D], h, G, ctx, 1 << 30, &ref[size_t(h) * D]);
   static const char* names[] = {"f32", "f16", "nvfp4", "nvfp4r", "k8v4"};
   char name[160];
-  std::snprintf(name, sizeof name, "decode %s ctx=%d/%d h=%d/%d D=%d B=%d v%d", names[static_cast<int>(F)], ctx,
-                max_ctx, nh, n_kv, D, B, V);
+  std::snprintf(name, sizeof name, "decode %s ctx=%d/%d h=%d/%d D=%d B=%d", names[static_cast<int>(F)], ctx,
+                max_ctx, nh, n_kv, D, B);
   report(name, rel_err(out, ref), bound);
   // the combine kernel itself, writing the o projection's q8 too: out as the formula above (f32
   // sums in another order), q / d / s exactly quantize_act_q8's of the out it wrote
@@ -203,8 +203,8 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
     }
     bad += qd[b] != amax / 127.0f, bad += qs[b] != sum;
   }
-  std::snprintf(name, sizeof name, "combine+q8 %s ctx=%d/%d h=%d/%d D=%d B=%d v%d", names[static_cast<int>(F)], ctx,
-                max_ctx, nh, n_kv, D, B, V);
+  std::snprintf(name, sizeof name, "combine+q8 %s ctx=%d/%d h=%d/%d D=%d B=%d", names[static_cast<int>(F)], ctx,
+                max_ctx, nh, n_kv, D, B);
   report(name, bad ? INFINITY : rel_err(cout, formula), 1e-5);
 }
 
@@ -233,13 +233,9 @@ int main() {
   decode_case<KvFormat::NVFP4R, 64, 3>(3, 130, 500, 2e-3);
   decode_case<KvFormat::K8V4, 128, 4>(2, 300, 300, 2e-3);
   decode_case<KvFormat::K8V4, 64, 3>(3, 17, 17, 2e-3);
-  // many chunks a warp (split 640: 10 per warp; the last live split's warps partial or empty),
-  // every split-kernel variant (lane offsets, the L2 prefetch 2 / 4 chunks ahead); pages of 32
-  // (a chunk cursor wrapping every second chunk)
-  decode_case<KvFormat::NVFP4, 128, 4, 0>(1, 3000, 40000, 2e-3);
-  decode_case<KvFormat::NVFP4, 128, 4, 1>(1, 3000, 40000, 2e-3);
-  decode_case<KvFormat::NVFP4, 128, 4, 2>(1, 3000, 40000, 2e-3);
-  decode_case<KvFormat::NVFP4, 128, 4, 3>(1, 3000, 40000, 2e-3);
+  // many chunks a warp (split 640: 10 per warp; the last live split's warps partial or empty);
+  // pages of 32 (the chunk cursor wrapping every second chunk)
+  decode_case<KvFormat::NVFP4, 128, 4>(1, 3000, 40000, 2e-3);
   decode_case<KvFormat::NVFP4, 128, 4>(2, 1000, 20000, 2e-3, 32);
   decode_case<KvFormat::NVFP4, 64, 3>(1, 1500, 30000, 2e-3, 32);
   decode_case<KvFormat::NVFP4R, 128, 4>(1, 2990, 40000, 2e-3);
