@@ -21,6 +21,11 @@
 // lazily (kLazyMax: only when a score passes them by 2^8), a warp vote skipping the O rescale
 // (and its max reduction) on most chunks. The loop is unrolled by two over two register sets
 // (the prefetched rows are never copied), the page slot advanced per chunk (no division).
+// Session 8 (measured against session 7's kernel on the H200; NOTES.md): a lane's row offsets
+// fixed for the kernel (attention_mma_rows.cuh lane_rows; one 64-bit base a pool and chunk), both
+// K block scales of a lane converted at once, Q read once per block through shared memory
+// (coalesced; it was 32 scalar loads a lane, ~512 L1 wavefronts a warp ahead of the first KV
+// load), and the warps' merge buffer padded (MergeLayout: no bank conflicts).
 #include <cstdint>
 
 #include "attention_impl.cuh"
@@ -45,6 +50,17 @@ namespace {
 // the row-scaled formats (their P is multiplied by the V row scale x 256 before its f16 rounding).
 template <KvFormat F>
 constexpr float kLazyMax = Fmt<F>::kRowScale ? 0.0f : 8.0f;
+
+// The warps' merge buffer: head h's d at h S_H + (d / (D/8)) S_G + d % (D/8). Lane (g, t)
+// stores d = g D/8 + 2i (8 bytes) for heads 2t and 2t + 1; S_G = D/8 + 2 and S_H = 8 (mod 16)
+// words give the 16 lanes of one store 16 distinct bank pairs (one wavefront; the unpadded
+// [G][D] layout put them on 2: 8 wavefronts a store).
+template <int D>
+struct MergeLayout {
+  static constexpr int SG = D / 8 + 2;
+  static constexpr int SH = (8 * SG - 8 + 15) / 16 * 16 + 8;
+  __device__ static constexpr int at(int h, int d) { return h * SH + (d / (D / 8)) * SG + d % (D / 8); }
+};
 
 template <KvFormat F, int D, int G>
 __global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
@@ -71,18 +87,36 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   // (k_word_h2), the NVFP4 values carrying 2^-7 (times 2^7 here)
   constexpr float kQs = Fmt<F>::kK8 ? 1.0f : kNvfp4Shift;
   uint32_t qhi[KS][2];
+  // the block's G x D values of q (its KV head's heads) loaded once, coalesced, into shared
+  // memory; the lane's D/4 values (head g, [t D/4, (t+1) D/4)) read back as D/16 float4, the
+  // units of a head's row XOR-swizzled so that a warp's reads take 2 wavefronts (16 lanes x 16 B)
+  constexpr int U = D / 16;  // float4 units of a lane's segment
+  __shared__ __align__(16) float sq[G * D];
+  auto swz = [](int h, int u) {  // u's position in head h's row (inside its own segment)
+    return U == 8 ? u ^ ((u / 8 + 4 * (h & 1)) & 7) : u ^ (((u / 4 >> 1) + 2 * (h & 1)) & 3);
+  };
+  const float* qg = q + size_t(g_kv) * G * D;
+  const bool q16 = (reinterpret_cast<uintptr_t>(qg) & 15u) == 0;  // block-uniform
+  for (int i = threadIdx.x; i < G * D / 4; i += kAttnWarps * 32) {
+    const int h = i / (D / 4), u = i % (D / 4);
+    const float4 v = q16 ? __ldg(reinterpret_cast<const float4*>(qg) + i)
+                         : make_float4(qg[4 * i], qg[4 * i + 1], qg[4 * i + 2], qg[4 * i + 3]);
+    *reinterpret_cast<float4*>(&sq[h * D + 4 * swz(h, u)]) = v;
+  }
+  __syncthreads();
+  float qv[D / 4];
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const float4 v = gid < G ? *reinterpret_cast<const float4*>(&sq[gid * D + 4 * swz(gid, tig * U + k)])
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    qv[4 * k] = v.x, qv[4 * k + 1] = v.y, qv[4 * k + 2] = v.z, qv[4 * k + 3] = v.w;
+  }
 #pragma unroll
   for (int j = 0; j < KS; ++j)
 #pragma unroll
     for (int hlf = 0; hlf < 2; ++hlf) {
-      float a = 0.f, b = 0.f;
-      if (gid < G) {
-        const float* qs = q + size_t(g_kv * G + gid) * D + tig * (D / 4);
-        const float* qr = Fmt<F>::kK8 ? qs + 4 * j + 2 * hlf : qs + 8 * (j / 2) + 2 * (j % 2) + hlf;
-        const int o2 = Fmt<F>::kK8 ? 1 : 4;
-        a = qr[0] * (scale_log2 * kQs), b = qr[o2] * (scale_log2 * kQs);
-      }
-      qhi[j][hlf] = h2bits(__floats2half2_rn(a, b));
+      const int r = Fmt<F>::kK8 ? 4 * j + 2 * hlf : 8 * (j / 2) + 2 * (j % 2) + hlf, o2 = Fmt<F>::kK8 ? 1 : 4;
+      qhi[j][hlf] = h2bits(__floats2half2_rn(qv[r] * (scale_log2 * kQs), qv[r + o2] * (scale_log2 * kQs)));
     }
   const int ctx = *ctx_dev;
   if (t_begin >= ctx) return;
@@ -95,9 +129,10 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   constexpr float kL = kLazyMax<F>;
   // the next chunk to load: slot ni of the warp's page window (<= 32 pages), row offset no in it
   int ni = 0, no = w_begin - p_first * block;
+  const LaneRows lr = lane_rows<F, D>(n_kv, g_kv, gid, tig);
   auto issue = [&](int t0, R& r) {
     const int pg = __shfl_sync(0xffffffffu, my_page, ni);
-    load_chunk<F, D, kRS>(r, kbase, vbase, size_t(pg) * block + no, n_kv, g_kv, w_end - t0, gid, tig);
+    load_chunk<F, D, kRS>(r, kbase, vbase, uint32_t(pg * block + no), lr, w_end - t0, gid, tig);
     const bool wrap = no + 16 == block;
     ni += wrap, no = wrap ? 0 : no + 16;
   };
@@ -115,8 +150,10 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
         mma16816(*(wi % 2 ? &s2 : &s), k0[0], k1[0], k0[1], k1[1], qhi[wi][0], qhi[wi][1]);
       } else {
         uint32_t k0[4], k1[4];  // words 2b, 2b + 1: block b
-        k_word_h2(c.k[0][wi], (c.ks[0] >> (8 * (wi / 2))) & 0xFFu, k0);
-        k_word_h2(c.k[1][wi], (c.ks[1] >> (8 * (wi / 2))) & 0xFFu, k1);
+        // the lane's block scales (blocks 2t, 2t + 1 at D 128; one at D 64) as f16 pairs, once a tile
+        const __half2 s0 = e4m3_u16_h2_x128(c.ks[0]), s1 = e4m3_u16_h2_x128(c.ks[1]);
+        k_word_h2(c.k[0][wi], wi / 2 ? __high2half2(s0) : __low2half2(s0), k0);
+        k_word_h2(c.k[1][wi], wi / 2 ? __high2half2(s1) : __low2half2(s1), k1);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj)
           mma16816(*(jj ? &s2 : &s), k0[2 * jj], k1[2 * jj], k0[2 * jj + 1], k1[2 * jj + 1], qhi[2 * wi + jj][0],
@@ -192,13 +229,14 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 
   // ---- merge the warps in shared memory, write the split's partial ----------------------
   // the warps' weights 2^(m_w - max) once per head, then each thread sums pairs of outputs
-  __shared__ __align__(16) float so[kAttnWarps][G][D];
+  using ML = MergeLayout<D>;
+  __shared__ __align__(16) float so[kAttnWarps][G * ML::SH];
   __shared__ float sm[kAttnWarps][G], sl[kAttnWarps][G], wt[kAttnWarps][G];
 #pragma unroll
   for (int i = 0; i < KS; ++i) {
     const int d = gid * (D / 8) + 2 * i;
-    if (2 * tig < G) so[warp][2 * tig][d] = oc[i][0], so[warp][2 * tig][d + 1] = oc[i][2];
-    if (2 * tig + 1 < G) so[warp][2 * tig + 1][d] = oc[i][1], so[warp][2 * tig + 1][d + 1] = oc[i][3];
+    if (2 * tig < G) *reinterpret_cast<float2*>(&so[warp][ML::at(2 * tig, d)]) = make_float2(oc[i][0], oc[i][2]);
+    if (2 * tig + 1 < G) *reinterpret_cast<float2*>(&so[warp][ML::at(2 * tig + 1, d)]) = make_float2(oc[i][1], oc[i][3]);
   }
   if (gid == 0) {
     if (2 * tig < G) sm[warp][2 * tig] = m0, sl[warp][2 * tig] = l0;
@@ -227,7 +265,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) {
       const float cw = wt[w][h];
-      const float2 o = *reinterpret_cast<const float2*>(&so[w][h][d]);
+      const float2 o = *reinterpret_cast<const float2*>(&so[w][ML::at(h, d)]);  // d, d + 1: one group
       acc.x += cw * o.x, acc.y += cw * o.y;
     }
     *reinterpret_cast<float2*>(ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2) + d) = acc;  // 8-byte aligned: D + 2, d even

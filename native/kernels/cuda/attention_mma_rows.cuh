@@ -79,39 +79,71 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, int n)
 
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 
-// Clamp (rows >= valid re-read row valid - 1): the row-scaled formats need it (a stale f16
-// scale can be Inf / NaN). NVFP4 rows decode to finite values from any bytes, and a chunk
-// never leaves its page, so past-the-end rows are read as they are (their scores are masked,
-// their p is 0): no clamp.
-template <KvFormat F, int D, bool kClamp = true>
-__device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, size_t row0,
-                                           int n_kv, int g_kv, int valid, int gid, int tig) {
+// A lane's byte offsets inside a chunk, fixed for the kernel (session 8: session 7's loader
+// recomputed the 64-bit address of each of its 14 loads every chunk, ~100 of the chunk's ~550
+// instructions; with these a chunk costs one 64-bit base per pool and an add per load). Row j of
+// a chunk is pool row (row0 + j) n_kv + g_kv; the lane reads K rows g, g + 8 (D/4 values from
+// t D/4, and their block scale bytes) and V rows 2t, 2t+1, 2t+8, 2t+9 (D/8 values from g D/8,
+// one block scale byte). rk / rv: bytes from one token to the next (n_kv rows).
+struct LaneRows {
+  uint32_t kc, dks, dkr;  // K row g: the lane's codes; its block scale(s), the row scale (row-scaled formats) after them
+  uint32_t vc, dvs, dvr;  // V row 2t: the same
+  uint32_t rk, rv;
+};
+template <KvFormat F, int D>
+__device__ __forceinline__ LaneRows lane_rows(int n_kv, int g_kv, int gid, int tig) {
+  using T = Fmt<F>;
+  constexpr uint32_t KR = uint32_t(T::template krow<D>()), VR = uint32_t(T::template vrow<D>());
+  constexpr uint32_t KSEG = T::kK8 ? D / 4 : D / 8;  // bytes of a lane's K segment
+  LaneRows o;
+  o.rk = uint32_t(n_kv) * KR, o.rv = uint32_t(n_kv) * VR;
+  // the scales lie after every lane's segment: the differences are positive
+  o.kc = (uint32_t(gid * n_kv + g_kv)) * KR + uint32_t(tig) * KSEG;
+  o.dks = D / 2 + (D == 128 ? 2 * tig : tig) - tig * KSEG;
+  o.dkr = (T::kK8 ? D : D / 2 + D / 16) - tig * KSEG;
+  o.vc = (uint32_t(2 * tig * n_kv + g_kv)) * VR + uint32_t(gid) * (D / 16);
+  o.dvs = D / 2 + gid * (D / 8) / 16 - gid * (D / 16);
+  o.dvr = D / 2 + D / 16 - gid * (D / 16);
+  return o;
+}
+
+// A lane's K / V bytes of one chunk (KvRegs) through lane_rows' offsets: row0 = the chunk's first
+// token's pool row (page slot x block + offset); one 64-bit base per pool and chunk, then a
+// 64-bit add per pointer (the +8 of a K segment's second word is the load's immediate).
+// kClamp (rows >= valid re-read row valid - 1): the row-scaled formats need it (a stale f16
+// scale can be Inf / NaN). NVFP4 rows decode to finite values from any bytes, and a chunk never
+// leaves its page, so past-the-end rows are read as they are (their scores are masked, their p
+// is 0): no clamp.
+template <KvFormat F, int D, bool kClamp>
+__device__ __forceinline__ void load_chunk(KvRegs<F, D>& r, const uint8_t* kb, const uint8_t* vb, uint32_t row0,
+                                              const LaneRows& o, int valid, int gid, int tig) {
   using R = KvRegs<F, D>;
   using T = Fmt<F>;
-  constexpr size_t KR = T::template krow<D>(), VR = T::template vrow<D>();
   constexpr int A = T::template align<D>();
-  auto row = [&](int j) { return (row0 + size_t(kClamp ? min(j, valid - 1) : j)) * n_kv + g_kv; };
+  const uint8_t* kl = kb + (size_t(row0) * o.rk + o.kc);  // K row g, the lane's segment
+  const uint8_t* vl = vb + (size_t(row0) * o.rv + o.vc);  // V row 2t
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile) {
-    const uint8_t* p = kb + row(gid + 8 * tile) * KR;
+    const int j = gid + 8 * tile;
+    const uint8_t* p = kClamp ? kl + ptrdiff_t(min(j, valid - 1) - gid) * int(o.rk) : kl + (tile ? 8 * o.rk : 0u);
     if constexpr (T::kK8) {
-      load_words<2>(p + tig * (D / 4), r.k[tile], R::KW);
+      load_words<2>(p, r.k[tile], R::KW);
       r.ks[tile] = 0;
     } else {
-      load_words<A>(p + tig * (D / 8), r.k[tile], R::KW);
-      r.ks[tile] = D == 128 ? ld_u16(p + D / 2 + 2 * tig) : __ldg(p + D / 2 + tig);
+      load_words<A>(p, r.k[tile], R::KW);
+      r.ks[tile] = D == 128 ? ld_u16(p + o.dks) : __ldg(p + o.dks);
     }
-    if constexpr (T::kRowScale) r.rk[tile] = ld_u16(p + (T::kK8 ? D : D / 2 + D / 16));
+    if constexpr (T::kRowScale) r.rk[tile] = ld_u16(p + o.dkr);
   }
-  const int rows[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
+  constexpr int rows[4] = {0, 1, 8, 9};  // V rows 2t + these
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const size_t ri = row(rows[i]);
-    const uint8_t* p = vb + ri * VR;
-    load_words<A>(p + gid * (D / 16), r.v[i], R::VW);
-    r.vs[i] = __ldg(p + D / 2 + gid * (D / 8) / 16);
+    const uint8_t* p = kClamp ? vl + ptrdiff_t(min(2 * tig + rows[i], valid - 1) - 2 * tig) * int(o.rv)
+                              : vl + uint32_t(rows[i]) * o.rv;
+    load_words<A>(p, r.v[i], R::VW);
+    r.vs[i] = __ldg(p + o.dvs);
     if constexpr (T::kRowScale) {
-      const uint32_t sv = ld_u16(p + D / 2 + D / 16);
+      const uint32_t sv = ld_u16(p + o.dvr);
       if (i % 2 == 0) r.rv[i / 2] = sv;
       else r.rv[i / 2] |= sv << 16;
     }
@@ -160,12 +192,15 @@ __device__ __forceinline__ __half2 e4m3x2_h2_x128(uint32_t b) {
   return __hmul2(bits2h(h), __float2half2_rn(32768.0f));
 }
 
-// One K word (8 codes c0..c7 of one token) times its block scale: kh = (c0, c4), (c1, c5),
-// (c2, c6), (c3, c7), each value x 2^-7 (Q pairs its D index the same way).
-__device__ __forceinline__ void k_word_h2(uint32_t w, uint32_t scale_byte, uint32_t kh[4]) {
+// The two E4M3 block scales of a u16 (blocks b, b + 1: bits 0-7, 8-15) as the f16 pair (s_b, s_b+1) x 2^7.
+__device__ __forceinline__ __half2 e4m3_u16_h2_x128(uint32_t u) { return e4m3x2_h2_x128(prmt(u, 0u, 0x4140u)); }
+
+// One K word (8 codes c0..c7 of one token) times its block scale, given as the f16 pair (s, s)
+// x 2^7 (a half of e4m3_u16_h2_x128): kh = (c0, c4), (c1, c5), (c2, c6), (c3, c7), each value
+// x 2^-7 (Q pairs its D index the same way).
+__device__ __forceinline__ void k_word_h2(uint32_t w, __half2 sc, uint32_t kh[4]) {
   uint32_t e, o;
   e2m1_hi_bytes(w, e, o);
-  const __half2 sc = e4m3x2_h2_x128(scale_byte | scale_byte << 16);
   kh[0] = h2bits(__hmul2(bits2h(hi_bytes02(e)), sc));
   kh[1] = h2bits(__hmul2(bits2h(hi_bytes02(o)), sc));
   kh[2] = h2bits(__hmul2(bits2h(hi_bytes13(e)), sc));

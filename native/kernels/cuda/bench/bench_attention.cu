@@ -122,7 +122,7 @@ void run_case(Options& o, const AttnCase& c) {
     Fn fn;
     double bound;
   };
-  if (c.profile) {
+  if (c.profile) {  // one launch of the default kernels (ncu)
     CK(kc::attention_decode(kv_of(0), dq, c.n_heads, dctx, c.max_ctx, scale, dws, dout, 0));
     CK(cudaDeviceSynchronize());
     std::printf("PROFILE attn_%s ctx=%d: one launch\n", fname, c.ctx);
@@ -336,11 +336,12 @@ void bench_prefill_attention(Options& o) {
 }
 
 void profile_attention(Options& o) {
-  for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
-    AttnCase c{32, 8, 128, 32768, 32768, f, false};
-    c.profile = true;
-    run_case(o, c);
-  }
+  for (int ctx : {4096, 32768})
+    for (kc::KvFormat f : {kc::KvFormat::F16, kc::KvFormat::NVFP4}) {
+      AttnCase c{32, 8, 128, ctx, ctx, f, false};
+      c.profile = true;
+      run_case(o, c);
+    }
 }
 
 void bench_attention(Options& o) {

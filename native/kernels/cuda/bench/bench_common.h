@@ -109,7 +109,7 @@ inline int copies_for(const Options& o, double bytes) {
 
 void bench_gemv(Options& o);
 void bench_attention(Options& o);
-void profile_attention(Options& o);  // one launch per KV format at 32K (for ncu)
+void profile_attention(Options& o);  // f16 / NVFP4 at 4K and 32K, one launch of each kernel (for ncu)
 void bench_prefill_attention(Options& o);  // M new queries over cached + own pages (bench_attention runs it)
 void bench_attention_kpc4(Options& o);  // kpc4 decode (bench_attention_kpc4.cu; bench_attention runs it)
 void bench_elementwise(Options& o);

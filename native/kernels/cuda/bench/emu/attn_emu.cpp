@@ -63,7 +63,8 @@ struct Layer {
   std::vector<int32_t> pages;
   std::vector<uint8_t> k, v;
   std::vector<float> kf, vf, kd, vd;  // [ctx, n_kv, D]: the rows, and as the pool decodes them
-  Layer(KvDType t_, int ctx_, int n_kv_, int D_, int max_ctx, std::mt19937& rng) : ctx(ctx_), n_kv(n_kv_), D(D_), t(t_) {
+  Layer(KvDType t_, int ctx_, int n_kv_, int D_, int max_ctx, std::mt19937& rng, int B_ = 16)
+      : B(B_), ctx(ctx_), n_kv(n_kv_), D(D_), t(t_) {
     const int n_pages = (max_ctx + B - 1) / B;
     pages.resize(n_pages);
     for (int i = 0; i < n_pages; ++i) pages[i] = i;
@@ -140,11 +141,12 @@ void prefill_case(int nh, int n_kv, int M, int p0, bool fresh, double bound) {
 
 // ---- decode (split kernel + the combine's formula) ---------------------------------------------
 
+// B: tokens per page
 template <kc::KvFormat F, int D, int G>
-void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
+void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
   std::mt19937 rng(5 + ctx * 3 + D + static_cast<int>(F) * 11 + G + 1);
   const int nh = n_kv * G;
-  Layer L(KvDType(static_cast<int>(F)), ctx, n_kv, D, max_ctx, rng);
+  Layer L(KvDType(static_cast<int>(F)), ctx, n_kv, D, max_ctx, rng, B);
   std::vector<float> q(size_t(nh) * D);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (auto& x : q) x = nd(rng);
@@ -175,8 +177,8 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
   for (int h = 0; h < nh; ++h) ref_row(L, &q[size_t(h) * D], h, G, ctx, 1 << 30, &ref[size_t(h) * D]);
   static const char* names[] = {"f32", "f16", "nvfp4", "nvfp4r", "k8v4"};
   char name[160];
-  std::snprintf(name, sizeof name, "decode %s ctx=%d/%d h=%d/%d D=%d", names[static_cast<int>(F)], ctx,
-                max_ctx, nh, n_kv, D);
+  std::snprintf(name, sizeof name, "decode %s ctx=%d/%d h=%d/%d D=%d B=%d", names[static_cast<int>(F)], ctx,
+                max_ctx, nh, n_kv, D, B);
   report(name, rel_err(out, ref), bound);
   // the combine kernel itself, writing the o projection's q8 too: out as the formula above (f32
   // sums in another order), q / d / s exactly quantize_act_q8's of the out it wrote
@@ -201,8 +203,8 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound) {
     }
     bad += qd[b] != amax / 127.0f, bad += qs[b] != sum;
   }
-  std::snprintf(name, sizeof name, "combine+q8 %s ctx=%d/%d h=%d/%d D=%d", names[static_cast<int>(F)], ctx,
-                max_ctx, nh, n_kv, D);
+  std::snprintf(name, sizeof name, "combine+q8 %s ctx=%d/%d h=%d/%d D=%d B=%d", names[static_cast<int>(F)], ctx,
+                max_ctx, nh, n_kv, D, B);
   report(name, bad ? INFINITY : rel_err(cout, formula), 1e-5);
 }
 
@@ -231,6 +233,13 @@ int main() {
   decode_case<KvFormat::NVFP4R, 64, 3>(3, 130, 500, 2e-3);
   decode_case<KvFormat::K8V4, 128, 4>(2, 300, 300, 2e-3);
   decode_case<KvFormat::K8V4, 64, 3>(3, 17, 17, 2e-3);
+  // many chunks a warp (split 640: 10 per warp; the last live split's warps partial or empty);
+  // pages of 32 (the chunk cursor wrapping every second chunk)
+  decode_case<KvFormat::NVFP4, 128, 4>(1, 3000, 40000, 2e-3);
+  decode_case<KvFormat::NVFP4, 128, 4>(2, 1000, 20000, 2e-3, 32);
+  decode_case<KvFormat::NVFP4, 64, 3>(1, 1500, 30000, 2e-3, 32);
+  decode_case<KvFormat::NVFP4R, 128, 4>(1, 2990, 40000, 2e-3);
+  decode_case<KvFormat::K8V4, 64, 3>(1, 1500, 30000, 2e-3, 32);
   std::printf("%s: %d of %d checks passed\n", g_fail ? "FAIL" : "PASS", g_checks - g_fail, g_checks);
   return g_fail ? 1 : 0;
 }
