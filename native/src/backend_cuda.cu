@@ -15,7 +15,10 @@
 // attention grids sized for the bucket (backend_cuda_state.h); KVDECK_CUDA_ATTN_Q8=0 quantises
 // the o projection's input in a kernel of its own instead of in the attention combine;
 // KVDECK_CUDA_GEMV_GU=0 / 1 runs the batch-1 gate/up GEMV pipelined at two chunks a lane / at
-// four chunks unpipelined for every Kp (default: four for Kp >= 2048; backend_cuda_state.h).
+// four chunks unpipelined for every Kp (default: four for Kp >= 2048; backend_cuda_state.h);
+// KVDECK_CUDA_PINNED_DL=0 downloads small results straight into the caller's (pageable) memory
+// instead of through the pinned staging; KVDECK_CUDA_STEP_TIMING=<file> times each replayed
+// decode step's GPU and host parts (measurement only; backend_cuda_state.h StepTiming).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,9 +78,19 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     }
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_), "upload");
   }
+  // Small downloads (a decode step's token id, a sampled id) through the pinned staging
+  // (backend_cuda_state.h pinned_dl_), past the uploads still staged there.
   void download(void* dst, const void* src, size_t bytes) override {
     flush();
     no_capture("download");
+    if (bytes && pinned_dl_ && stage_ && bytes <= kSmallDownload) {
+      if (stage_used_ + bytes > kStage) sync();
+      uint8_t* p = stage_ + stage_used_;
+      check(cudaMemcpyAsync(p, src, bytes, cudaMemcpyDeviceToHost, st_), "download");
+      sync();
+      std::memcpy(dst, p, bytes);
+      return;
+    }
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st_), "download");
     sync();
   }
@@ -85,6 +98,7 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
     flush();
     check(cudaStreamSynchronize(st_), "stream");
     stage_used_ = 0;
+    if (timing_) timing_synced();
   }
 
   // ---- ops ------------------------------------------------------------------------

@@ -41,8 +41,15 @@ void Kpc4Path::note_upload(const void* dst, const void* src, size_t bytes) {
 }
 
 const int32_t* Kpc4Path::host_of(const void* dev, size_t n, const char* what) const {
-  const auto it = shadow_.find(dev);
-  if (it == shadow_.end() || it->second.size() < n * sizeof(int32_t))
+  const size_t need = n * sizeof(int32_t);
+  auto it = shadow_.find(dev);
+  if (it == shadow_.end())  // inside a larger upload (the engine's decode step packs its arrays in one)
+    for (it = shadow_.begin(); it != shadow_.end(); ++it) {
+      const auto* b = static_cast<const uint8_t*>(it->first);
+      const auto* d = static_cast<const uint8_t*>(dev);
+      if (d >= b && d + need <= b + it->second.size()) return reinterpret_cast<const int32_t*>(it->second.data() + (d - b));
+    }
+  if (it == shadow_.end() || it->second.size() < need)
     throw std::logic_error(std::string("cuda kpc4: the ") + what + " array (" + std::to_string(n) +
                            " ints) was not uploaded through Backend::upload: its host copy is needed");
   return reinterpret_cast<const int32_t*>(it->second.data());

@@ -32,6 +32,11 @@ CudaState::CudaState() {
   check(cudaMalloc(&ctx_, sizeof(int32_t)), "cudaMalloc");
   void* h = nullptr;
   if (cudaMallocHost(&h, kStage) == cudaSuccess) stage_ = static_cast<uint8_t*>(h);
+  if (const char* t = std::getenv("KVDECK_CUDA_STEP_TIMING"); t && *t) {
+    timing_ = new StepTiming;
+    timing_->path = t;
+    for (cudaEvent_t& e : timing_->ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  }
 }
 
 CudaState::~CudaState() {
@@ -42,6 +47,12 @@ CudaState::~CudaState() {
   }
   for (auto& kv : graphs_) cudaGraphExecDestroy(kv.second);
   cudaStreamSynchronize(st_);
+  if (timing_) {
+    timing_synced();
+    timing_write();
+    for (cudaEvent_t e : timing_->ev) cudaEventDestroy(e);
+    delete timing_;
+  }
   if (ws_) cudaFree(ws_);
   cudaFree(ctx_);
   if (stage_) cudaFreeHost(stage_);
@@ -128,7 +139,8 @@ bool CudaState::graph_begin(uint64_t key) {
   step_ctx_ = 0;  // a replayed step runs no op (and no step_end follows it)
   auto it = graphs_on_ ? graphs_.find(key) : graphs_.end();
   if (it != graphs_.end()) {
-    check(cudaGraphLaunch(it->second, st_), "cudaGraphLaunch");
+    if (timing_) timing_replay(it->second);
+    else check(cudaGraphLaunch(it->second, st_), "cudaGraphLaunch");
     return true;
   }
   step_ctx_ = cap && cap < (1u << 30) ? int(cap) : 0;  // until step_end
@@ -160,6 +172,65 @@ void CudaState::graph_end(uint64_t key, bool ok) {
   check(ie, "cudaGraphInstantiate");
   graphs_[key] = ex;
   check(cudaGraphLaunch(ex, st_), "cudaGraphLaunch");  // the captured ops have not run yet
+}
+
+// =====================================================================================
+// The host's share of a replayed step (KVDECK_CUDA_STEP_TIMING; backend_cuda_state.h)
+// =====================================================================================
+void CudaState::timing_replay(cudaGraphExec_t ex) {
+  StepTiming& t = *timing_;
+  using clk = std::chrono::steady_clock;
+  const auto t0 = clk::now();
+  if (t.after_step) {  // the previous step's sync return -> here: the host outside the backend
+    t.out_us += std::chrono::duration<double, std::micro>(t0 - t.t_synced).count();
+    ++t.n_out;
+  }
+  t.after_step = false;
+  const char* b = std::getenv("KVDECK_CUDA_STEP_B2B");
+  const bool b2b = b && *b && std::string(b) != "0";
+  check(cudaEventRecord(t.ev[0], st_), "cudaEventRecord");
+  check(cudaGraphLaunch(ex, st_), "cudaGraphLaunch");
+  t.t_launched = clk::now();
+  check(cudaEventRecord(t.ev[1], st_), "cudaEventRecord");
+  if (b2b) {
+    check(cudaGraphLaunch(ex, st_), "cudaGraphLaunch");
+    check(cudaEventRecord(t.ev[2], st_), "cudaEventRecord");
+  }
+  t.launch_us += std::chrono::duration<double, std::micro>(t.t_launched - t0).count();
+  t.pending = b2b ? 3 : 2;
+  t.in_step = true;
+}
+
+void CudaState::timing_synced() {
+  StepTiming& t = *timing_;
+  if (!t.in_step) return;
+  t.in_step = false;
+  t.t_synced = std::chrono::steady_clock::now();
+  float ms = 0;
+  if (t.pending == 3) {  // the second graph: GPU time with no host gap before it
+    if (cudaEventElapsedTime(&ms, t.ev[1], t.ev[2]) == cudaSuccess) t.gpu_b2b_us += ms * 1e3, ++t.n_b2b;
+    t.pending = 0;
+    return;  // its wait holds two graphs: not a step's
+  }
+  t.pending = 0;
+  if (cudaEventElapsedTime(&ms, t.ev[0], t.ev[1]) != cudaSuccess) return;
+  t.gpu_us += ms * 1e3;
+  t.wait_us += std::chrono::duration<double, std::micro>(t.t_synced - t.t_launched).count();
+  ++t.n;
+  t.after_step = true;
+}
+
+void CudaState::timing_write() {
+  const StepTiming& t = *timing_;
+  FILE* f = std::fopen(t.path.c_str(), "w");
+  if (!f) return;
+  auto per = [](double v, double n) { return n ? v / n : 0.0; };
+  std::fprintf(f,
+               "replays=%.0f gpu_us=%.2f launch_us=%.2f wait_us=%.2f outside_n=%.0f outside_us=%.2f b2b_n=%.0f "
+               "gpu_b2b_us=%.2f\n",
+               t.n, per(t.gpu_us, t.n), per(t.launch_us, t.n + t.n_b2b), per(t.wait_us, t.n), t.n_out,
+               per(t.out_us, t.n_out), t.n_b2b, per(t.gpu_b2b_us, t.n_b2b));
+  std::fclose(f);
 }
 
 // =====================================================================================

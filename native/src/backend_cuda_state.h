@@ -13,6 +13,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -85,6 +86,28 @@ class CudaState {
   void graph_end(uint64_t key, bool ok);
   void print_graph(uint64_t key, cudaGraph_t g);
 
+  // ---- the host's share of a replayed step (KVDECK_CUDA_STEP_TIMING=<file>, measurement only) ----
+  // Each replay is bracketed by events (GPU time of the graph launched onto an idle stream) and
+  // host clocks: outside = the previous step's sync return -> this graph_begin (Python, binding,
+  // engine host work, uploads), launch = cudaGraphLaunch's host call, wait = its return -> the
+  // sync's return (GPU work, the token's download, the wake-up). With KVDECK_CUDA_STEP_B2B set
+  // (read at each replay, so a script can toggle it) a replay launches the graph a second time
+  // right behind the first and times that one: the step's GPU time with no host gap before it
+  // (a replay is idempotent: same inputs, same KV slot, same outputs). Per-step means are
+  // written to the file when the backend is destroyed (bench/decode_ab.py --host reads it).
+  struct StepTiming {
+    std::string path;
+    cudaEvent_t ev[3] = {};
+    int pending = 0;  // events recorded by the last replay: 2 (one graph), 3 (two)
+    bool in_step = false, after_step = false;
+    std::chrono::steady_clock::time_point t_launched, t_synced;
+    double n = 0, gpu_us = 0, out_us = 0, launch_us = 0, wait_us = 0, n_out = 0;
+    double n_b2b = 0, gpu_b2b_us = 0;
+  };
+  void timing_replay(cudaGraphExec_t ex);  // graph_begin's replay under KVDECK_CUDA_STEP_TIMING
+  void timing_synced();                     // sync()'s return
+  void timing_write();
+
   // ---- errors: both drop pending ops and end a capture in progress before throwing ----
   void check(cudaError_t e, const char* what);
   [[noreturn]] void bad(const std::string& msg);
@@ -113,6 +136,12 @@ class CudaState {
   static constexpr size_t kStage = size_t(1) << 20;  // pinned staging for small uploads
   uint8_t* stage_ = nullptr;
   size_t stage_used_ = 0;
+  // Downloads of <= kSmallDownload bytes (the decode step's token id) land in the pinned staging,
+  // then one memcpy to dst (a pageable D2H blocks on the driver's own staging);
+  // KVDECK_CUDA_PINNED_DL=0: straight into dst (the A/B; NOTES.md session 8, gpuhost8).
+  bool pinned_dl_ = env_on("KVDECK_CUDA_PINNED_DL", true);
+  static constexpr size_t kSmallDownload = 4096;
+  StepTiming* timing_ = nullptr;  // KVDECK_CUDA_STEP_TIMING
   const int32_t* ctx_fresh_ = nullptr;  // the pos array ctx_ was last written from by rope_kv_write
   Add p_add_;
   Norm p_norm_;

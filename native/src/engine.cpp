@@ -19,6 +19,16 @@ struct Engine::Scratch {
   float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *logits;  // see sizes below
   float* inv_freq;  // [D/2] the RoPE table, uploaded once
   int32_t *ids, *pos, *slots, *pages, *token;  // token: [1] the device argmax
+  // A decode step's (M = 1) index arrays in one block, [id, pos, slot, 0, pages...] (the page
+  // table 16-byte aligned, as in its own allocation), uploaded in
+  // one copy from host_step (one H2D a step instead of four); KVDECK_STEP_PACK=0: the four
+  // arrays above, four uploads (the A/B; NOTES.md session 8, gpuhost8).
+  int32_t* step;
+  std::vector<int32_t> host_step;
+  bool pack = [] {
+    const char* e = std::getenv("KVDECK_STEP_PACK");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
   uint32_t* mask;  // [ceil(V / 32)] allowed-token bits for Backend::sample
   QuantScratch xq;
   int logit_rows, max_pages;
@@ -44,6 +54,8 @@ struct Engine::Scratch {
     slots = i(M);
     pages = i(max_pages);
     token = i(1);
+    step = i(4 + size_t(max_pages));
+    host_step.resize(4 + size_t(max_pages));
     mask = reinterpret_cast<uint32_t*>(i((size_t(c.vocab) + 31) / 32));
     inv_freq = f(c.rope_inv_freq.size());
     be.upload(inv_freq, c.rope_inv_freq.data(), sizeof(float) * c.rope_inv_freq.size());
@@ -232,10 +244,10 @@ Sequence Engine::sequence(int seq) const {
 }
 
 // Grow the page table to hold n_tokens; all-or-nothing.
-void Engine::reserve_pages(Sequence& s, int n_tokens) {
+bool Engine::reserve_pages(Sequence& s, int n_tokens) {
   const int B = pool_->block();
   const int need = (n_tokens + B - 1) / B - int(s.pages.size());
-  if (need <= 0) return;
+  if (need <= 0) return false;
   if (need > pool_->free_pages())
     tree_->evict(need - pool_->free_pages(), "pool full: " + std::to_string(need) + " pages needed");
   if (need > pool_->free_pages())
@@ -243,6 +255,7 @@ void Engine::reserve_pages(Sequence& s, int n_tokens) {
                      " more pages of " + std::to_string(B) + ", " + std::to_string(pool_->free_pages()) +
                      " free of " + std::to_string(pool_->n_pages()));
   for (int i = 0; i < need; ++i) s.pages.push_back(pool_->alloc_page());
+  return true;
 }
 
 // ============================================================================
@@ -261,8 +274,9 @@ void Engine::forward(int seq, const int32_t* ids, int n, float* logits, bool all
       throw std::invalid_argument("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
                                   " is outside the vocabulary [0, " + std::to_string(config_.vocab) + ")");
   const int p0 = int(s.tokens.size());
-  reserve_pages(s, p0 + n);
-  publish();  // pages reserved (and maybe evicted for): readers see it during the compute
+  // pages reserved (and maybe evicted for): readers see it during the compute; nothing to
+  // publish when the sequence's pages already hold the tokens (most decode steps)
+  if (reserve_pages(s, p0 + n) || !scratch_->pack) publish();
   struct ProgressGuard {  // the progress record lives exactly as long as this forward
     Engine& e;
     ~ProgressGuard() {
@@ -313,17 +327,26 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   const bool fresh_kv = (kvt == KvDType::NVFP4 || kvt == KvDType::NVFP4R || kvt == KvDType::K8V4) &&
                         !(fresh_env && std::strcmp(fresh_env, "0") == 0);
 
-  // ---- per-chunk index arrays: positions, KV slots, page table ----
-  std::vector<int32_t> pos(M), slots(M);
-  for (int m = 0; m < M; ++m) {
-    pos[m] = p0 + m;
-    slots[m] = s.pages[pos[m] / B] * B + pos[m] % B;
-  }
+  // ---- per-chunk index arrays: ids, positions, KV slots, page table ----
   const int n_pages = (p0 + M + B - 1) / B;
-  be.upload(S.ids, ids, sizeof(int32_t) * M);
-  be.upload(S.pos, pos.data(), sizeof(int32_t) * M);
-  be.upload(S.slots, slots.data(), sizeof(int32_t) * M);
-  be.upload(S.pages, s.pages.data(), sizeof(int32_t) * n_pages);
+  int32_t *d_ids = S.ids, *d_pos = S.pos, *d_slots = S.slots, *d_pages = S.pages;
+  if (M == 1 && S.pack) {  // one upload: [id, pos, slot, 0, pages...] (Scratch::step)
+    int32_t* h = S.host_step.data();
+    h[0] = ids[0], h[1] = p0, h[2] = s.pages[p0 / B] * B + p0 % B, h[3] = 0;
+    std::memcpy(h + 4, s.pages.data(), sizeof(int32_t) * n_pages);
+    d_ids = S.step, d_pos = S.step + 1, d_slots = S.step + 2, d_pages = S.step + 4;
+    be.upload(S.step, h, sizeof(int32_t) * (4 + size_t(n_pages)));
+  } else {
+    std::vector<int32_t> pos(M), slots(M);
+    for (int m = 0; m < M; ++m) {
+      pos[m] = p0 + m;
+      slots[m] = s.pages[pos[m] / B] * B + pos[m] % B;
+    }
+    be.upload(S.ids, ids, sizeof(int32_t) * M);
+    be.upload(S.pos, pos.data(), sizeof(int32_t) * M);
+    be.upload(S.slots, slots.data(), sizeof(int32_t) * M);
+    be.upload(S.pages, s.pages.data(), sizeof(int32_t) * n_pages);
+  }
   if (argmax && sample && sample->mask)
     be.upload(S.mask, sample->mask, sizeof(uint32_t) * ((size_t(c.vocab) + 31) / 32));
 
@@ -348,7 +371,7 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
   const bool replayed = M == 1 && be.step_begin(step_key);
   step.open = M == 1 && !replayed;
 
-  if (!replayed) be.embed(weights_.embed, S.ids, M, S.x);  // x: [M, H]
+  if (!replayed) be.embed(weights_.embed, d_ids, M, S.x);  // x: [M, H]
   for (int l = 0; l < c.n_layers && !replayed; ++l) {
     if (cancel && l > 0 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     if (M > 1 && l > 0) {
@@ -373,13 +396,13 @@ void Engine::forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float
       be.rmsnorm(S.q, L.q_norm, M * nh, D, c.rms_eps, S.q);
       be.rmsnorm(S.k, L.k_norm, M * nkv, D, c.rms_eps, S.k);
     }
-    be.rope(S.q, M, nh, D, QD, S.pos, S.inv_freq);
-    be.rope(S.k, M, nkv, D, KD, S.pos, S.inv_freq);
-    be.kv_write(*pool_, l, S.k, S.v, KD, S.slots, M);
+    be.rope(S.q, M, nh, D, QD, d_pos, S.inv_freq);
+    be.rope(S.k, M, nkv, D, KD, d_pos, S.inv_freq);
+    be.kv_write(*pool_, l, S.k, S.v, KD, d_slots, M);
     if (fresh_kv)  // the chunk's own K/V unrounded (S.k, S.v), the prefix from the pool
-      be.attention_fresh(*pool_, l, S.q, QD, M, S.pos, S.pages, nh, nkv, D, S.k, S.v, KD, S.attn);
+      be.attention_fresh(*pool_, l, S.q, QD, M, d_pos, d_pages, nh, nkv, D, S.k, S.v, KD, S.attn);
     else
-      be.attention(*pool_, l, S.q, QD, M, S.pos, S.pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
+      be.attention(*pool_, l, S.q, QD, M, d_pos, d_pages, nh, nkv, D, S.attn);  // attn: [M, nh*D]
     if (cancel && M > 1 && cancel->set.load(std::memory_order_relaxed)) throw Cancelled(0);
     S.xq.valid = false;
     if (is_integer(L.wo.dtype)) be.quantize_input(S.attn, M, QD, S.xq);

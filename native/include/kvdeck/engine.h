@@ -170,7 +170,7 @@ class Engine {
   struct Scratch;
   void forward_chunk(Sequence& s, const int32_t* ids, int M, int p0, float* logits, bool all_logits,
                      const CancelFlag* cancel, int32_t* argmax, const SampleRequest* sample);
-  void reserve_pages(Sequence& s, int n_tokens);
+  bool reserve_pages(Sequence& s, int n_tokens);  // true: pages were added
   Sequence& seq_ref(int seq);       // std::invalid_argument for an unknown id; holds mu_
   void close_locked(int seq);
   void unpin_locked(int pin_id);
