@@ -101,7 +101,8 @@ class CudaState {
     int pending = 0;  // events recorded by the last replay: 2 (one graph), 3 (two)
     bool in_step = false, after_step = false;
     std::chrono::steady_clock::time_point t_launched, t_synced;
-    double n = 0, gpu_us = 0, out_us = 0, launch_us = 0, wait_us = 0, n_out = 0;
+    double n = 0, gpu_us = 0, launch_us = 0, wait_us = 0;
+    std::vector<float> out_us;  // one a step: its median is written (a script's pauses between steps are outliers)
     double n_b2b = 0, gpu_b2b_us = 0;
   };
   void timing_replay(cudaGraphExec_t ex);  // graph_begin's replay under KVDECK_CUDA_STEP_TIMING

@@ -86,8 +86,8 @@ def split(name: str, wall_us: float, timing_wall: float, path: str, py_us: float
     print(f"  {name} split: wall {wall_us:.1f} µs/token (defaults arm; {timing_wall:.1f} with the timing); GPU "
           f"back-to-back {b:.1f} ({t['b2b_n']:.0f} steps), after an idle stream {g:.1f} ({t['replays']:.0f}); "
           f"host share {wall_us - b:.1f} µs = {(wall_us - b) / wall_us:.1%}: outside the backend "
-          f"{t['outside_us']:.1f} "
-          f"(Python + binding + engine + uploads; Python + binding floor {py_us:.2f}), cudaGraphLaunch "
+          f"{t['outside_us']:.1f} (median; Python + binding + engine + uploads; Python + binding floor {py_us:.2f}; "
+          f"timing arm's wall - launch - wait {timing_wall - t['launch_us'] - t['wait_us']:.1f}), cudaGraphLaunch "
           f"{t['launch_us']:.1f}, launch return -> sync return {t['wait_us']:.1f} (GPU + token D2H + wake-up; "
           f"beyond the idle-stream GPU time {t['wait_us'] - g:+.1f})", flush=True)
 
