@@ -264,8 +264,12 @@ class CpuBackend final : public Backend {
                       sizeof(float) * tok);
         }
       }
+      // Decode over these pages scores with int8 q (attention_scores_int8): it does not repeat the
+      // f32 arithmetic anyway, so the prefill need not follow its page steps (KvView::decode_order).
+      const bool int8_decode = cpu::attention_scores_int8(kv);
       kv = cpu::KvView{workspace_.data(), workspace_.data() + n_pages * page_floats, KvDType::F32,
                        pool.block(), nkv, D, ws_pages_.data()};
+      kv.decode_order = !int8_decode;
     }
     const int seg = cpu::attn_segment(pool.block()), S = (ctx + seg - 1) / seg;
     if (M == 1) {

@@ -60,3 +60,21 @@ def test_prefill_threads_agree_bitwise(kv):
     a = _native.BackendOps("cpu", 1).attention(q, k, v, 1300, kv)
     b = _native.BackendOps("cpu", 2).attention(q, k, v, 1300, kv)
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("kv", ["f16", "nvfp4"])
+@pytest.mark.parametrize("shape", [(9, 3, 64), (8, 1, 64), (8, 2, 128)])
+def test_prefill_rows_do_not_depend_on_the_split(kv, shape):
+    """A query's output is the same bits whichever queries share its call: the tail in one chunk
+    and in three (the cached == cold promise). Over nvfp4 pages the prefill runs each segment
+    whole (attention_prefill_wide_avx2.cpp), grouping rows into score pairs and P·V triples by
+    their order in the call; a row's sums must still be its own."""
+    nh, nkv, D = shape
+    p0, M = 700, 150  # splits mid-page and across the 768 / 1024 segment edges
+    q, k, v = _inputs(11 + D, p0, M, nh, nkv, D)
+    ops = _native.BackendOps("cpu", 2)
+    full = ops.attention(q, k, v, p0, kv)
+    parts = []
+    for a, b in ((0, 37), (37, 101), (101, M)):
+        parts.append(ops.attention(q[a:b], k[:p0 + b], v[:p0 + b], p0 + a, kv))
+    assert np.array_equal(np.concatenate(parts), full)

@@ -51,6 +51,12 @@ struct KvView {
   const float* fresh_v = nullptr;
   int fresh0 = 0;
   size_t fresh_ld = 0;
+  // Whether prefill over this view must repeat decode's arithmetic bit for bit (the page steps of
+  // attention_avx2.cpp). False only for a view whose decode rounds differently anyway: the
+  // backend's f32 workspace of an NVFP4 pool whose decode scores with int8 q
+  // (attention_scores_int8); attention_queries may then run each segment whole
+  // (attention_prefill_wide_avx2.cpp; KVDECK_ATTN_WIDE=0 keeps the page steps).
+  bool decode_order = true;
 };
 
 // Keys per context segment. Attention runs an online softmax over each segment (a page at a
@@ -132,6 +138,9 @@ inline size_t attention_work_floats(int G, int ctx, int block, int D) {
 // queries 1.14x; docs/ENGINE.md).
 constexpr int kAttnQueryTile = 64;
 constexpr int kAttnSubTile = 16;
+// Rows (queries x G) per call of the whole-segment kernel (KvView::decode_order false): their
+// scores [rows, 320] stay in L2.
+constexpr int kAttnWideRows = 192;
 void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int G, int m0, int m1, int p0,
                        float scale, float* out, size_t ldo, float* work);
 inline size_t attention_queries_work_floats(int n_queries, int G, int ctx, int block, int D) {

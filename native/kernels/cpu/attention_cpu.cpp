@@ -6,6 +6,7 @@
 // each K/V row once: G heads share the loads (GQA). f16 and nvfp4 pages are widened a page at a time into a small f32 tile
 // (decode dequantises in-kernel; prefill over nvfp4 reads a workspace, see backend_cpu). On AVX2
 // decode over nvfp4 pages scores with integer dot products instead (attention_scores_int8).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -245,11 +246,24 @@ void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int 
   thread_local std::vector<const float*> rq;
   thread_local std::vector<float*> ro, rm, rl;
   thread_local std::vector<int> rend;
+#if defined(__x86_64__)
+  // Not bound to decode's page steps (KvView::decode_order): each segment whole, up to
+  // kAttnWideRows rows a call (each chunk of the segment's K is transposed once per call, and
+  // its K^T / V rows stay in L1 while every row of the call uses them).
+  static const bool wide_on = [] {
+    const char* e = std::getenv("KVDECK_ATTN_WIDE");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  const bool wide = rows && wide_on && !kv.decode_order;
+#else
+  const bool wide = false;
+#endif
+  const int step = wide ? std::max(1, std::min(Qn, kAttnWideRows / G)) : sub;
   auto rows_segment = [&](int s) {
     const int t0 = s * seg;
-    for (int i0 = 0; i0 < Qn; i0 += sub) {
+    for (int i0 = 0; i0 < Qn; i0 += step) {
       rq.clear(), ro.clear(), rm.clear(), rl.clear(), rend.clear();
-      for (int i = i0; i < Qn && i < i0 + sub; ++i) {
+      for (int i = i0; i < Qn && i < i0 + step; ++i) {
         const int ctx = ctx_of(i);
         if (ctx <= t0) continue;
         for (int h = 0; h < G; ++h) {
@@ -262,8 +276,10 @@ void attention_queries(const KvView& kv, int g, const float* q, size_t ldq, int 
       }
       if (rq.empty()) continue;
 #if defined(__x86_64__)
-      if (!attention_rows_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
-                               rl.data(), tile))
+      if (wide ? !attention_rows_wide_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(),
+                                           rm.data(), rl.data())
+               : !attention_rows_avx2(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(),
+                                      rm.data(), rl.data(), tile))
         return false;
 #elif defined(__aarch64__)
       if (!attention_rows_neon(kv, g, int(rq.size()), rq.data(), rend.data(), t0, scale, ro.data(), rm.data(),
