@@ -155,7 +155,8 @@ async def test_an_outbox_tool_asks_first_and_a_refusal_goes_back_to_the_model(bu
         await _send(pilot, "Remind me to check the fan.")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmToolScreen) or not app.state.busy, timeout=120)
         assert isinstance(app.screen, ConfirmToolScreen), [(e.kind, e.text[:200]) for e in app.state.entries]
-        await wait_for(pilot, lambda: bool(app.screen.query(Static)), timeout=10)  # composed (mounts after the push)
+        # composed and laid out (it mounts after the push; a 0x0 widget draws nothing yet)
+        await wait_for(pilot, lambda: any(w.size.area for w in app.screen.query(Static)), timeout=10)
         assert "add_reminder" in shown(app.screen.query_one(Static))
         await pilot.press("n")
         await wait_for(pilot, lambda: not app.state.busy, timeout=120)
