@@ -217,3 +217,9 @@ __device__ __forceinline__ uint32_t w4_s8(uint32_t x) {
 }
 
 }  // namespace kvdeck::cuda::gemm
+
+namespace kvdeck::cuda::detail {
+// NVFP4 on the f16 mma (kernel format 3; gemm_mma_nvfp4.cu), tile configuration cfg 0-4 as
+// gemm_mma.cu's pick_cfg chooses it; tiles = blockIdx.y's extent. Called by gemm_q8_mma_config.
+cudaError_t gemm_nvfp4_h_launch(int cfg, const gemm::Args& a, int tiles, cudaStream_t stream);
+}  // namespace kvdeck::cuda::detail

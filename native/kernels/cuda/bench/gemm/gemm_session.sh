@@ -35,7 +35,7 @@ module() {  # wait for the module build once
   return "$built"
 }
 nvcc -O3 -std=c++17 -arch=sm_90 -Inative/include -Inative -Inative/kernels/cuda \
-  native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu \
+  native/kernels/cuda/bench/gemm/bench_gemm_mma.cu native/kernels/cuda/gemm_mma.cu native/kernels/cuda/gemm_mma_nvfp4.cu \
   native/kernels/cuda/gemv.cu native/kernels/cuda/gemv_dense.cu -o build/bench_gemm_mma 2>&1 | tail -20
 echo "bench build: $(( $(date +%s) - t0 )) s" | tee -a "$out/gemm.log"
 for step in "$@"; do
