@@ -148,6 +148,18 @@ inline float softmax_update(const float* S, int nr, float* m, float* l, float* P
   return alpha;
 }
 
+// One key's p_t · v_t into NR rows' 32-value slices (x[r][c]: 8 values each), each V vector
+// loaded once for its NR FMAs: the inner step of pv_rows, pv_block (attention_prefill_avx2.cpp)
+// and the whole-segment prefill (attention_prefill_wide_avx2.cpp).
+template <int NR, typename T>
+inline void pv_key(__m256 (&x)[NR][4], const __m256 (&p)[NR], const T* vt) {
+  for (int c = 0; c < 4; ++c) {
+    __m256 v = load8(vt + 8 * c);
+    if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
+    for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
+  }
+}
+
 // ============================================================================
 // o = o·alpha + Σ_{t < n} p_t v_t for NR rows at once, 32 columns at a time (4·NR
 // accumulators, each V load feeding NR FMAs); per element the FMA chain o·alpha, then + p_t·v_t for t ascending.
@@ -166,11 +178,7 @@ inline void pv_rows(const T* V, size_t vs, const float* const* P, const int* n, 
     for (int t = 0; t < nc; ++t, vt += vs) {
       __m256 p[NR];
       for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P[r] + t);
-      for (int c = 0; c < 4; ++c) {
-        __m256 v = load8(vt + 8 * c);
-        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
-        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
-      }
+      pv_key<NR>(x, p, vt);
     }
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);

@@ -88,11 +88,7 @@ inline void pv_block(const float* V, size_t vs, const float* P, const int* n, co
     for (int t = 0; t < nc; ++t, vt += vs) {
       __m256 p[NR];
       for (int r = 0; r < NR; ++r) p[r] = _mm256_broadcast_ss(P + r * 64 + t);
-      for (int c = 0; c < 4; ++c) {
-        __m256 v = _mm256_loadu_ps(vt + 8 * c);
-        if (NR > 1) __asm__("" : "+x"(v));  // one load for the NR FMAs (else folded NR times)
-        for (int r = 0; r < NR; ++r) x[r][c] = _mm256_fmadd_ps(p[r], v, x[r][c]);
-      }
+      attn_avx2::pv_key<NR>(x, p, vt);
     }
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o[r] + c0 + 8 * c, x[r][c]);
