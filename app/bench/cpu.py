@@ -95,6 +95,11 @@ def open_peer(say, files: tuple[str, ...], settings, ids, threads: int, plan: Pl
         say(f"llama.cpp peer: {why}; peer skipped")
         return None, None, {"missing": why}
     paths = {"Q4_0": peer.ensure_q4_0(lc, src, peer.gguf_dir() / peer.GGUF_Q40, threads), "Q4_1": src}
+    for q in files:
+        why = peer.probe(paths[q], threads)
+        if why:
+            say(f"llama.cpp peer: {why}; peer skipped")
+            return None, None, {"missing": why}
     runners, names = [], {}
     info = {"version": peer.version(lc), "system_info": peer.system_info(lc), "weight_bytes": {}}
     for q in files:

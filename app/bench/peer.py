@@ -56,6 +56,37 @@ def load_llama_cpp():
     return llama_cpp
 
 
+def probe(path: Path, threads: int) -> str | None:
+    """None when llama.cpp decodes a short prompt of `path` in a child process, else why not.
+
+    The bench loads llama.cpp into its own process, so a crash there (seen: llama.cpp 0.3.36
+    built with AMX on a KVM guest that lists amx_int8 dies with SIGSEGV in its first prefill)
+    would take the whole bench down; the child finds it first, with the same build and flags.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import llama_cpp, sys\n"
+        f"llm = llama_cpp.Llama(model_path={str(path)!r}, n_ctx=256, n_batch=128, n_ubatch=128, "
+        f"n_threads={threads}, verbose=False)\n"
+        "llm.eval(list(range(1000, 1064)))\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return f"llama.cpp took over 300 s to decode 64 tokens of {path.name} in a probe process"
+    if out.returncode == 0:
+        return None
+    how = f"signal {-out.returncode}" if out.returncode < 0 else f"exit code {out.returncode}"
+    last = (out.stderr.strip().splitlines() or [""])[-1][:200]
+    return (f"llama.cpp died ({how}) decoding 64 tokens of {path.name} in a probe process"
+            f"{f' ({last})' if last else ''}; "
+            "if its system info lists AMX_INT8 = 1 on a virtual machine, rebuild it without AMX: "
+            "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
+            "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'\" "
+            ".venv/bin/python -m pip install --force-reinstall --no-deps llama-cpp-python")
+
+
 def version(llama_cpp) -> str:
     return getattr(llama_cpp, "__version__", "?")
 

@@ -119,3 +119,33 @@ def test_decode_ctx_option_adds_the_long_context_figure_and_rejects_bad_counts(r
         with pytest.raises(SystemExit) as e:
             cpu.run(["--decode-ctx", bad, "--no-peer"])
         assert "--decode-ctx" in str(e.value) or e.value.code == 2
+
+
+def test_probe_names_a_peer_that_dies_by_a_signal(tmp_path, monkeypatch):
+    """A llama.cpp build that crashes (AMX on a KVM guest) is found in a child process, not by
+    the bench dying: the probe names the signal, the file and the rebuild without AMX."""
+    crash = tmp_path / "python"
+    crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crash.chmod(0o755)
+    monkeypatch.setattr("sys.executable", str(crash))
+    why = peer.probe(tmp_path / "model.Q4_0.gguf", threads=2)
+    assert why and "signal 11" in why and "model.Q4_0.gguf" in why and "-mno-amx-int8" in why
+    ok = tmp_path / "ok"
+    ok.write_text("#!/bin/sh\nexit 0\n")
+    ok.chmod(0o755)
+    monkeypatch.setattr("sys.executable", str(ok))
+    assert peer.probe(tmp_path / "model.Q4_0.gguf", threads=2) is None
+
+
+def test_a_crashing_peer_is_skipped_with_its_reason(root, monkeypatch, capsys):
+    monkeypatch.setattr(peer, "load_llama_cpp", lambda: object())
+    monkeypatch.setattr(peer, "ensure_q4_0", lambda lc, src, dst, threads: src)
+    monkeypatch.setattr(peer, "probe", lambda path, threads: f"llama.cpp died (signal 11) on {path.name}")
+    gguf = peer.gguf_dir() / peer.GGUF_Q41
+    if not gguf.is_file():
+        pytest.fail(f"{gguf}: missing; run `kvdeck models fetch smollm2-135m`")
+    assert cpu.run(["--quick"]) == 0
+    text = capsys.readouterr().out
+    assert f"llama.cpp peer: llama.cpp died (signal 11) on {peer.GGUF_Q41}; peer skipped" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("kvdeck nvfp4 ["))
+    assert len(row.split("]", 1)[1].split()) == 2            # our figures, no ratios
