@@ -43,7 +43,8 @@ $(VENV)/.native: $(VENV)/.deps $(NATIVE_SRC)
 	flock build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
-$(WEIGHTS)/.done: $(VENV)/.native $(VENV)/.test-deps models/manifests/$(MODEL).toml  # torch: GPTQ rounding
+# models/writer.py holds CONVERTER_VERSION: a bump makes `fetch` rebuild the folders it outdates.
+$(WEIGHTS)/.done: $(VENV)/.native $(VENV)/.test-deps models/manifests/$(MODEL).toml models/writer.py  # torch: GPTQ rounding
 	$(VENV)/bin/kvdeck models fetch $(MODEL)
 	touch $@
 

@@ -40,7 +40,9 @@ __all__ = ["FORMAT_VERSION", "CONVERTER_VERSION", "ModelSource", "write_format",
 FORMAT_VERSION = 1
 # Bump when the converter's output changes for the same source: forces `fetch` to rebuild.
 # 2: nvfp4/w4a8 scales by the "mse" recipe (models/quant; was "amax"), recorded in config.json.
-CONVERTER_VERSION = 2
+# 3: GPTQ in float64 (models/quant/gptq.py): the same codes on every machine (in float32 they
+#    depended on the CPU's SIMD paths: w4a8 perplexity 1.190x-1.238x f32 from one source).
+CONVERTER_VERSION = 3
 # Scale recipe of nvfp4/w4a8 linears (models.quant RECIPES); weights.recipe.scales records it.
 SCALE_RECIPE = "mse"
 

@@ -18,7 +18,7 @@ act_order (gptq_linear; off in the converter): columns in order of decreasing H_
 scales fixed beforehand from the source weights. Measured on SmolLM2-135M layer 3: output
 error q_proj 0.00118 -> 0.00098 (nvfp4), down_proj 0.00303 -> 0.00330: no clear gain.
 
-gptq_model runs the source model (models/quant/reference_forward.py, float32 torch) over the
+gptq_model runs the source model (models/quant/reference_forward.py, float64 torch) over the
 calibration text (assets/calib/mixed.txt, windows of WINDOW tokens) layer by layer: each
 layer's linears are rounded against the inputs that the already-rounded layers before them
 produce (as the GPTQ paper does), in forward order q/k/v, o, gate/up, down.
@@ -58,7 +58,7 @@ def calibration_record(path: Path = CALIB_TEXT) -> dict:
 # One linear
 # ============================================================================
 def inverse_factor(H: torch.Tensor, act_order: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """H [K, K] (X^T X) -> (U f32 upper [K, K], dead bool [K], perm): the damped inverse's
+    """H [K, K] (X^T X) -> (U f64 upper [K, K], dead bool [K], perm): the damped inverse's
     Cholesky factor (of H permuted by perm when act_order: columns by decreasing H_kk), and
     the inputs that never fire (their weights are zeroed)."""
     H = H.to(torch.float64).clone()
@@ -70,7 +70,7 @@ def inverse_factor(H: torch.Tensor, act_order: bool = False) -> tuple[torch.Tens
         H = H[perm][:, perm]
     L = torch.linalg.cholesky(H)
     Hinv = torch.cholesky_inverse(L)
-    return torch.linalg.cholesky(Hinv, upper=True).to(torch.float32), dead, perm
+    return torch.linalg.cholesky(Hinv, upper=True), dead, perm
 
 
 class _Nvfp4Grid:
@@ -93,11 +93,12 @@ class _Nvfp4Grid:
         return torch.from_numpy(decode_e4m3(s) * self.g)  # f32 [N]
 
     def round(self, w: torch.Tensor, den: torch.Tensor):
-        """-> (codes u8 [N] as numpy, dequantised f32 [N]); den 0: code 0."""
+        """w f64 [N] -> (codes u8 [N] as numpy, dequantised f64 [N], as the engine's f32
+        product of code value and scale); den 0: code 0."""
         ok = den != 0
-        c = encode_e2m1((w / torch.where(ok, den, 1.0)).numpy())
+        c = encode_e2m1((w / torch.where(ok, den, 1.0).to(torch.float64)).numpy())
         c[~ok.numpy()] = 0
-        return c, self.values[torch.from_numpy(c.astype(np.int64))] * den
+        return c, (self.values[torch.from_numpy(c.astype(np.int64))] * den).to(torch.float64)
 
 
 class _W4a8Grid:
@@ -114,9 +115,9 @@ class _W4a8Grid:
 
     def round(self, w: torch.Tensor, den: torch.Tensor):
         ok = den != 0
-        q = torch.clamp(torch.round(w / torch.where(ok, den, 1.0)), -8, 7)
+        q = torch.clamp(torch.round(w / torch.where(ok, den, 1.0).to(torch.float64)), -8, 7)
         q = torch.where(ok, q, 0.0)
-        return q.numpy().astype(np.int8), q * den
+        return q.numpy().astype(np.int8), q * den.to(torch.float64)  # exact: q is small, den an f16
 
 
 def gptq_linear(W: np.ndarray, H: torch.Tensor | None, fmt: str, group: int = 32,
@@ -124,7 +125,10 @@ def gptq_linear(W: np.ndarray, H: torch.Tensor | None, fmt: str, group: int = 32
     """W f32 [N, K], H [K, K] (X^T X of the calibration inputs; or its `factor`, from
     inverse_factor, when several linears share the input) -> (entries by suffix as
     models.quant.quantize_linear returns them, dequantised f32 [N, K]).
-    Runs on one torch thread (its steps are small; more threads only contend)."""
+    The error feedback runs in float64: in float32 the result depended on the machine (torch's
+    AVX-512 and AVX2 GEMMs sum in different orders, the error feedback amplifies the last-bit
+    differences into other roundings; measured w4a8 perplexity 1.190x / 1.220x / 1.238x f32 from
+    the same source on three CPU paths). Runs on one torch thread (its steps are small)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -141,7 +145,7 @@ def _gptq_linear(W, factor, fmt, group):
     G = grid.G
     if BLOCK % G:
         raise ValueError(f"gptq_linear: group {G} does not divide the block {BLOCK}")
-    Wt = torch.from_numpy(np.array(W, dtype=np.float32))
+    Wt = torch.from_numpy(np.array(W, dtype=np.float64))
     U, dead, perm = factor
     Wt[:, dead] = 0.0
     codes = np.zeros((N, K), np.int8 if fmt == "w4a8" else np.uint8)
@@ -149,7 +153,7 @@ def _gptq_linear(W, factor, fmt, group):
     Q = torch.zeros_like(Wt)
     if perm is not None:  # act order: static scales (the source's own mse scales), permuted columns
         for g in range(K // G):
-            scales[:, g] = grid.scales(Wt[:, g * G:(g + 1) * G].numpy())
+            scales[:, g] = grid.scales(Wt[:, g * G:(g + 1) * G].numpy().astype(np.float32))
         dens = torch.stack([grid.den(scales[:, g]) for g in range(K // G)], 1)  # [N, K/G]
         pn = perm.numpy()
         Wt = Wt[:, perm].contiguous()
@@ -175,7 +179,7 @@ def _gptq_linear(W, factor, fmt, group):
         for i in range(b1 - b0):
             k = b0 + i
             if k % G == 0:
-                s = grid.scales(W1[:, i:i + G].numpy())
+                s = grid.scales(W1[:, i:i + G].numpy().astype(np.float32))
                 scales[:, k // G] = s
                 den = grid.den(s)
             w = W1[:, i]
@@ -191,7 +195,7 @@ def _gptq_linear(W, factor, fmt, group):
     else:
         entries = {"weight.codes": _nv.pack_nibbles(codes), "weight.scales": scales,
                    "weight.tscale": np.array([grid.g], np.float32)}
-    return entries, Q.numpy()
+    return entries, Q.numpy().astype(np.float32)  # exact: each entry is an f32 product
 
 
 def output_error(W: np.ndarray, Wq: np.ndarray, X: np.ndarray) -> float:
@@ -223,7 +227,7 @@ def gptq_model(src, fmt: str, recipe: dict, log: Callable[[str], None] = lambda 
 
     t0 = time.time()
     tensors = dict(src.tensors())
-    m = TorchLlama(src.meta, tensors)
+    m = TorchLlama(src.meta, tensors, dtype=torch.float64)  # machine-independent (gptq_linear)
     ids = calibration_ids(src.tokenizer_json)
     group = int(recipe.get("w4a8_group", 32))
     out: dict[str, np.ndarray] = {}
@@ -231,15 +235,12 @@ def gptq_model(src, fmt: str, recipe: dict, log: Callable[[str], None] = lambda 
 
     def lin(name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if not (hess and hess[0][0].data_ptr() == x.data_ptr() and hess[0][0].shape == x.shape):
-            # q/k/v and gate/up share an input: one Hessian, accumulated in float64 (measured:
-            # float32 products gave nvfp4 perplexity 1.161x against 1.143x on edge_agents.txt)
-            x64 = x.to(torch.float64)
-            hess[:] = [(x, inverse_factor(x64.T @ x64))]
-        entries, wq = gptq_linear(w.numpy(), None, fmt, group, factor=hess[0][1])
+            # q/k/v and gate/up share an input: one Hessian (x is float64: the forward is)
+            hess[:] = [(x, inverse_factor(x.T @ x))]
+        entries, wq = gptq_linear(w.numpy().astype(np.float32), None, fmt, group, factor=hess[0][1])
         out.update({f"{name}.{k}": v for k, v in entries.items()})
-        wq = torch.from_numpy(wq)
-        m.set_weight(name, wq.numpy())
-        return x @ wq.T
+        m.set_weight(name, wq)
+        return x @ torch.from_numpy(wq).to(x.dtype).T
 
     with torch.no_grad():
         x = m.embed(ids)

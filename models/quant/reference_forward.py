@@ -1,4 +1,5 @@
-"""A float32 torch forward of the Llama family over f32 tensors under Hugging Face names.
+"""A torch forward of the Llama family (float32 by default, float64 for GPTQ) over f32 tensors
+under Hugging Face names.
 
 The model pipeline's own forward (models/ never imports app): GPTQ (models/quant/gptq.py)
 runs it layer by layer over the calibration text to record each linear's inputs, and the
@@ -31,9 +32,16 @@ def plain(name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.T
 
 
-def _inv_freq(meta: dict) -> torch.Tensor:
-    D = int(meta["head_dim"])
-    inv = 1.0 / (np.float32(meta["rope_theta"]) ** (np.arange(0, D, 2, dtype=np.float32) / np.float32(D)))
+def _inv_freq(meta: dict, exact: bool = False) -> np.ndarray:
+    """The RoPE inverse frequencies: float32 as transformers computes them, or (exact) float64
+    from the C library's scalar pow, element by element (numpy's vector pow differs by an ulp
+    between SIMD paths, and GPTQ must not depend on the machine)."""
+    D, theta = int(meta["head_dim"]), float(meta["rope_theta"])
+    if exact:
+        inv = np.array([1.0 / math.pow(theta, i / D) for i in range(0, D, 2)], np.float64)
+    else:  # the correctly rounded f32 theta^(i/D), as torch's powf (app/engine/loader.py)
+        expo = np.arange(0, D, 2, dtype=np.float32) / np.float32(D)
+        inv = np.float32(1.0) / np.array([math.pow(theta, float(x)) for x in expo]).astype(np.float32)
     rs = meta.get("rope_scaling") or {}
     if rs.get("rope_type", rs.get("type")) == "llama3":  # as transformers' _compute_llama3_parameters
         factor, lo, hi = float(rs["factor"]), float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
@@ -43,22 +51,26 @@ def _inv_freq(meta: dict) -> torch.Tensor:
         scaled = np.where(wl > old / lo, inv / factor, inv)
         mid = (wl <= old / lo) & (wl >= old / hi)
         inv = np.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    return torch.from_numpy(np.asarray(inv, np.float32))
+    return np.asarray(inv, np.float64 if exact else np.float32)
 
 
 class TorchLlama:
     """meta: config keys (hidden_size, heads, head_dim, rms_norm_eps, rope_theta, ...);
-    tensors: HF name -> f32 array (linears [N, K]); the tied head reads the embedding."""
+    tensors: HF name -> f32 array (linears [N, K]); the tied head reads the embedding.
+    dtype: the forward's precision (the tensors are widened to it; float64 makes the result
+    independent of which SIMD paths this machine's torch takes, to rounding at 1e-16)."""
 
-    def __init__(self, meta: dict, tensors: dict[str, np.ndarray]):
+    def __init__(self, meta: dict, tensors: dict[str, np.ndarray], dtype: torch.dtype = torch.float32):
         self.meta = meta
+        self.dtype = dtype
+        self.np_dtype = np.float64 if dtype == torch.float64 else np.float32
         with warnings.catch_warnings():  # read-only source arrays: never written (set_weight replaces)
             warnings.simplefilter("ignore", UserWarning)
-            self.t = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in tensors.items()}
+            self.t = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=self.np_dtype)) for k, v in tensors.items()}
         self.L = int(meta["num_hidden_layers"])
         self.nh, self.nkv, self.D = int(meta["num_attention_heads"]), int(meta["num_key_value_heads"]), int(meta["head_dim"])
         self.eps = float(meta["rms_norm_eps"])
-        self.inv_freq = _inv_freq(meta)
+        self.inv_freq = torch.from_numpy(_inv_freq(meta, exact=dtype == torch.float64))
 
     def w(self, prefix: str) -> torch.Tensor:
         if prefix == "lm_head" and "lm_head.weight" not in self.t:
@@ -66,7 +78,7 @@ class TorchLlama:
         return self.t[prefix + ".weight"]
 
     def set_weight(self, prefix: str, w: np.ndarray) -> None:
-        self.t[prefix + ".weight"] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        self.t[prefix + ".weight"] = torch.from_numpy(np.ascontiguousarray(w, dtype=self.np_dtype))
 
     def rmsnorm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * w
@@ -74,7 +86,7 @@ class TorchLlama:
     def rope(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, heads, D] rotated at positions 0..T-1 (rotate-half)."""
         T = x.shape[1]
-        ang = torch.arange(T, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        ang = torch.arange(T, dtype=self.dtype)[:, None] * self.inv_freq[None, :]  # [T, D/2]
         cos, sin = torch.cos(ang)[None, :, None, :], torch.sin(ang)[None, :, None, :]
         h = self.D // 2
         a, b = x[..., :h], x[..., h:]

@@ -58,3 +58,40 @@ def test_gptq_zeroes_inputs_that_never_fire():
     X64 = torch.from_numpy(X).double()
     _, wq = gptq_linear(W, X64.T @ X64, "w4a8")
     assert np.all(wq[:, 5] == 0)
+
+
+_CHILD = """
+import sys, numpy as np, torch
+sys.path.insert(0, {root!r})
+from tests.models.test_gptq import _layer
+from models.quant.gptq import gptq_linear
+W, X = _layer(4, N=256, K=1024, n=2048)
+X64 = torch.from_numpy(X).double()
+entries, _ = gptq_linear(W, X64.T @ X64, {fmt!r})
+np.save(sys.argv[1], entries["weight.codes"])
+"""
+
+
+def test_gptq_codes_do_not_depend_on_the_cpus_simd_paths(tmp_path):
+    """A folder converted on an AVX-512 machine has the codes of one converted on a Zen 3 (the
+    float32 error feedback did not: torch's GEMMs sum in different orders per ISA). Here: the
+    same nvfp4 layer rounded in a child whose torch, MKL and oneDNN are held to no AVX at all.
+    Measured with converter 2's float32 feedback: 6 of 131,072 code bytes differ (w4a8's integer
+    grid did not flip on this layer; its whole-model divergence came through the float32
+    forward, which is float64 now too)."""
+    fmt = "nvfp4"
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    code = _CHILD.format(root=root, fmt=fmt)
+    out = {}
+    for tag, env in (("native", {}), ("sse", {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+                                              "ONEDNN_MAX_CPU_ISA": "SSE41"})):
+        f = tmp_path / f"{tag}.npy"
+        subprocess.run([sys.executable, "-c", code, str(f)], check=True, env={**os.environ, **env}, timeout=300)
+        out[tag] = np.load(f)
+    diff = int((out["native"] != out["sse"]).sum())
+    assert diff == 0, f"{fmt}: {diff} of {out['native'].size} code bytes differ between torch's native and SSE paths"
