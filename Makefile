@@ -49,8 +49,12 @@ $(WEIGHTS)/.done: $(VENV)/.native $(VENV)/.test-deps models/manifests/$(MODEL).t
 	touch $@
 
 # The llama.cpp peer of `kvdeck bench cpu` (the `bench` extra; compiles llama.cpp: minutes).
+# Built for this CPU (GGML_NATIVE) but without AMX: with AMX on, llama.cpp 0.3.36 dies of SIGSEGV in
+# its first prefill on the Xeon KVM guests here (its AMX buffer type); PEER_CFLAGS= keeps AMX.
+PEER_CFLAGS ?= -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 $(VENV)/.bench-deps: $(VENV)/.deps
-	$(PIP) install -q "llama-cpp-python>=0.3"
+	CMAKE_ARGS="-DCMAKE_C_FLAGS='$(PEER_CFLAGS)' -DCMAKE_CXX_FLAGS='$(PEER_CFLAGS)'" \
+	  $(PIP) install -q --no-cache-dir "llama-cpp-python>=0.3"
 	touch $@
 
 bench: build model $(VENV)/.bench-deps
