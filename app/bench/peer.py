@@ -81,10 +81,11 @@ def probe(path: Path, threads: int) -> str | None:
     last = (out.stderr.strip().splitlines() or [""])[-1][:200]
     return (f"llama.cpp died ({how}) decoding 64 tokens of {path.name} in a probe process"
             f"{f' ({last})' if last else ''}; "
-            "if its system info lists AMX_INT8 = 1 on a virtual machine, rebuild it without AMX: "
+            "if its system info lists AMX_INT8 = 1 on a virtual machine, rebuild it without AMX "
+            "(`rm .venv/.bench-deps; make .venv/.bench-deps` does, or by hand: "
             "CMAKE_ARGS=\"-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
             "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'\" "
-            ".venv/bin/python -m pip install --force-reinstall --no-deps llama-cpp-python")
+            ".venv/bin/python -m pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python)")
 
 
 def version(llama_cpp) -> str:
