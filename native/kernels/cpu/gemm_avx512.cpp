@@ -31,9 +31,6 @@ constexpr int kGemvRows = 4;   // weight rows per GEMV step (activation reuse, 4
 constexpr int kGemmRowsN = 4;  // GEMM register tile: 4 weight rows x 4 activation rows
 constexpr int kGemmRowsM = 4;  //   = 16 accumulators (of 32 zmm)
 constexpr int kMBlock = 64;    // activation rows packed at once (stays in L2)
-constexpr int kDenseGemvRows = 4;
-constexpr int kDenseRowsN = 4;  // f32/f16 GEMM tile: 4 weight rows x 6 x rows = 24 accs
-constexpr int kDenseRowsM = 6;
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
 
 // ============================================================================
@@ -243,77 +240,11 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
   }
 }
 
-// ============================================================================
-// Dense formats (F32, F16): FMA over K, masked K tail
-// ============================================================================
-
-template <bool kF16>
-inline __m512 load_w16(const void* W, size_t i, __mmask16 mask) {
-  if (kF16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(W) + i));
-  return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(W) + i);
-}
-
-template <bool kF16, int RN, int RM>
-void dense_tile(const void* W, int K, int n, const float* const* x /*[RM]*/, float* const* y /*[RM]*/) {
-  __m512 acc[RN][RM];
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) acc[i][m] = _mm512_setzero_ps();
-  const size_t esz = kF16 ? 2 : 4;
-  for (int k = 0; k < K; k += 16) {
-    const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
-    __m512 wv[RN];
-    for (int i = 0; i < RN; ++i) {
-      if (RM == 1)
-        _mm_prefetch(reinterpret_cast<const char*>(W) + (size_t(n + i) * K + k) * esz + kPrefetchBytes, _MM_HINT_T0);
-      wv[i] = load_w16<kF16>(W, size_t(n + i) * K + k, mask);
-    }
-    for (int m = 0; m < RM; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x[m] + k);
-      for (int i = 0; i < RN; ++i) acc[i][m] = _mm512_fmadd_ps(wv[i], xv, acc[i][m]);
-    }
-  }
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) y[m][i] = _mm512_reduce_add_ps(acc[i][m]);
-}
-
-template <bool kF16>
-void gemm_dense(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1) {
-  const int K = w.K;
-  auto strip = [&](auto rn_tag, auto rm_tag, int n, int m0, int mb) {
-    constexpr int RN = decltype(rn_tag)::value, RM = decltype(rm_tag)::value;
-    int m = m0;
-    for (; m + RM <= m0 + mb; m += RM) {
-      const float* xr[RM];
-      float* yp[RM];
-      for (int i = 0; i < RM; ++i) xr[i] = x + size_t(m + i) * K, yp[i] = y + size_t(m + i) * ldy + n;
-      dense_tile<kF16, RN, RM>(w.data, K, n, xr, yp);
-    }
-    for (; m < m0 + mb; ++m) {
-      const float* xr[1] = {x + size_t(m) * K};
-      float* yp[1] = {y + size_t(m) * ldy + n};
-      dense_tile<kF16, RN, 1>(w.data, K, n, xr, yp);
-    }
-  };
-  using I1 = std::integral_constant<int, 1>;
-  for (int m0 = 0; m0 < M; m0 += kMBlock) {
-    const int mb = std::min(kMBlock, M - m0);
-    int n = n0;
-    if (mb == 1) {
-      for (; n + kDenseGemvRows <= n1; n += kDenseGemvRows)
-        strip(std::integral_constant<int, kDenseGemvRows>{}, I1{}, n, m0, mb);
-    } else {
-      for (; n + kDenseRowsN <= n1; n += kDenseRowsN)
-        strip(std::integral_constant<int, kDenseRowsN>{}, std::integral_constant<int, kDenseRowsM>{}, n, m0, mb);
-    }
-    for (; n < n1; ++n) strip(I1{}, I1{}, n, m0, mb);
-  }
-}
-
 void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
                  int n0, int n1) {
   switch (w.dtype) {
-    case DType::F32: gemm_dense<false>(w, x, M, y, ldy, n0, n1); break;
-    case DType::F16: gemm_dense<true>(w, x, M, y, ldy, n0, n1); break;
+    case DType::F32:
+    case DType::F16: gemm_dense_avx2(w, x, M, y, ldy, n0, n1); break;  // measured faster: see avx512_kernels
     case DType::W4A8:  // groups that are not a multiple of 32 take the scalar path
       if (w.group % kQ8Block == 0)
         gemm_q4<false>(w, *xq, M, y, ldy, n0, n1);
@@ -328,11 +259,11 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
 }  // namespace
 
 const KernelSet& avx512_kernels() {
-  // NVFP4 stays in the file layout here (this set's VNNI kernel reads it); a repacked view
-  // (an engine loaded under AVX2) is read by the AVX2 reader. A VNNI reader of the repacked
-  // layout waits for a machine that can validate it (no AVX-512 CPU or emulator here).
+  // Measured per op against the AVX2 set on a Sapphire Rapids guest (docs/ENGINE.md, CPU
+  // dispatch): NVFP4 is repacked at load (Nvfp4X4) and read by the AVX2 reader, F32 / F16 run
+  // the AVX2 kernels (gemm_dense_avx2); W4A8 keeps this file's VNNI kernel.
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
-                           gemm_nvfp4_x4_avx2, WeightLayout::File, /*gemm_fuses_mins=*/false,
+                           gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/false,
                            // 16-bit activations: the AVX2 kernels (no AVX-512 one could be run here)
                            quantize_act_q16_avx2, gemm_a16_avx2, WeightLayout::Q41X8};
   return k;
