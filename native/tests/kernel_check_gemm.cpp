@@ -159,7 +159,11 @@ void check_gemm_formats(const char* isa) {
     // on whole groups and on rows of a split group, GEMM tiles and their remainders.
     struct Shape { int M, N, K, n0; };
     for (const Shape& sh : {Shape{3, 7, 80, 1}, Shape{1, 13, 576, 0}, Shape{1, 13, 576, 2}, Shape{1, 8, 256, 0},
-                            Shape{8, 9, 288, 1}, Shape{13, 6, 160, 0}, Shape{1, 5, 32, 0}, Shape{7, 4, 1536, 0}})
+                            Shape{8, 9, 288, 1}, Shape{13, 6, 160, 0}, Shape{1, 5, 32, 0}, Shape{7, 4, 1536, 0},
+                            // odd full-chunk counts (the AVX-512 reader pairs chunks), with and without a
+                            // tail; GEMM tiles of 8, 4 and 1 rows (21 = 8 + 8 + 4 + 1)
+                            Shape{1, 8, 384, 0}, Shape{12, 9, 384, 0}, Shape{1, 12, 480, 4}, Shape{21, 5, 480, 1},
+                            Shape{21, 7, 576, 0}})
       check_gemm(isa, DType::NVFP4, 0, exact, true, sh.M, sh.N, sh.K, sh.n0);
   }
 }

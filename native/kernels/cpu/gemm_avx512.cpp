@@ -263,7 +263,7 @@ const KernelSet& avx512_kernels() {
   // dispatch): NVFP4 is repacked at load (Nvfp4X4) and read by the AVX2 reader, F32 / F16 run
   // the AVX2 kernels (gemm_dense_avx2); W4A8 keeps this file's VNNI kernel.
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
-                           gemm_nvfp4_x4_avx2, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/false,
+                           gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/false,
                            // 16-bit activations: the AVX2 kernels (no AVX-512 one could be run here)
                            quantize_act_q16_avx2, gemm_a16_avx2, WeightLayout::Q41X8};
   return k;

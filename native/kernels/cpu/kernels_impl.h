@@ -84,8 +84,9 @@ void w4a8_mins_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int l
 void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // F32 / F16 weights (gemm_dense_avx2.cpp).
 void gemm_dense_avx2(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
-// The NVFP4 Nvfp4X4 reader (gemm_repack_avx2.cpp; the AVX-512 set uses it too).
+// The NVFP4 Nvfp4X4 readers: AVX2 (gemm_repack_avx2.cpp) and AVX-512 VNNI (gemm_repack_avx512.cpp).
 void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+void gemm_nvfp4_x4_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // 16-bit activations (gemm_a16_avx2.cpp; the AVX-512 set uses them too).
 void quantize_act_q16_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
