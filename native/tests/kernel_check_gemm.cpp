@@ -155,6 +155,16 @@ void check_gemm_formats(const char* isa) {
     for (int group : {16, 32, 96}) check_gemm(isa, DType::W4A8, group, exact);
     // GGUF Q4_1 blocks (mins; AVX2 fuses their term into the tile): GEMV, GEMM, odd block counts
     for (int M : {1, 3, 9}) check_gemm(isa, DType::W4A8, 32, exact, false, M, 7, M == 1 ? 576 : 80, 1, true);
+    // W4A8 in steps of eight 32-blocks (the AVX-512 kernel): whole steps, a partial last step
+    // of 1..7 blocks, GEMV on 4-row strips and their remainder, GEMM tiles of 8, 4 and 1 rows;
+    // group 96 (scales expanded per 32-block) and the GGUF mins (fused).
+    struct WShape { int M, N, K, n0; };
+    for (const WShape& sh : {WShape{1, 13, 576, 2}, WShape{1, 8, 256, 0}, WShape{1, 7, 224, 0}, WShape{21, 5, 480, 1},
+                             WShape{13, 6, 1536, 0}, WShape{9, 9, 288, 1}}) {
+      check_gemm(isa, DType::W4A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0);
+      check_gemm(isa, DType::W4A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0, true);
+      if (sh.K % 96 == 0) check_gemm(isa, DType::W4A8, 96, exact, false, sh.M, sh.N, sh.K, sh.n0);
+    }
     // The repacked NVFP4 layout: tails of 0..3 32-blocks, partial last groups, GEMV (M = 1)
     // on whole groups and on rows of a split group, GEMM tiles and their remainders.
     struct Shape { int M, N, K, n0; };

@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/gemm_repack.h"
 #include "kernels/cpu/kernels_impl.h"
+#include "kernels/cpu/vec_avx512.h"
 
 // GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own "undefined" vectors.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -174,39 +175,6 @@ inline void step(const WStep& w, const PairActs* a, __m512& acc) {
     s = _mm512_dpbusd_epi32(s, w.u[3], ld(a->o1));
   }
   acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(w.ws, _mm512_load_ps(a->d)), acc);
-}
-
-// The sum of one accumulator's 16 lanes in the order of sum4 below.
-inline float sum1(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  x = _mm_add_ps(x, _mm_shuffle_ps(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
-  x = _mm_add_ps(x, _mm_shuffle_ps(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtss_f32(x);
-}
-
-// *y[m] = sum1(acc[m]) * scale for four accumulators at once, bit for bit (same additions):
-// 256-bit halves, then 128-bit halves, then within the 128 bits.
-inline void store_sum4(const __m512* acc, float scale, float* const* y) {
-  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], 0x44), _mm512_shuffle_f32x4(acc[0], acc[1], 0xEE));
-  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], 0x44), _mm512_shuffle_f32x4(acc[2], acc[3], 0xEE));
-  // x01: [acc0 lo+hi (256) | acc1 lo+hi]; 128-bit lanes of z: acc0, acc1, acc2, acc3 folded to 4
-  __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
-  z = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
-  z = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(2, 3, 0, 1)));
-  z = _mm512_mul_ps(z, _mm512_set1_ps(scale));
-  alignas(64) float out[16];
-  _mm512_store_ps(out, z);
-  for (int m = 0; m < 4; ++m) *y[m] = out[4 * m];
-}
-
-template <int RM>
-inline void store_sums(const __m512 (&acc)[RM], float scale, float* const (&y)[RM]) {
-  if constexpr (RM % 4 == 0) {
-    for (int m = 0; m < RM; m += 4) store_sum4(acc + m, scale, y + m);
-  } else {
-    for (int m = 0; m < RM; ++m) *y[m] = sum1(acc[m]) * scale;
-  }
 }
 
 // y[m] for one weight row x RM activation rows (a[m]: the row's slot 0) over the row.
