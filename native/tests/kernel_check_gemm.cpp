@@ -54,6 +54,21 @@ Case make_case(DType t, int N, int K, int group, bool exact, bool with_mins = fa
   }
   const int Kp = round_up(K, kQuantPad);
   c.w.Kp = Kp;
+  if (t == DType::W8A8) {  // int8 codes [N, Kp] (-128 included), one f16 scale per 32-block
+    c.w.group = kQ8Block;
+    c.codes.assign(size_t(N) * Kp, 0);
+    c.w.data = c.codes.data();
+    for (int i = 0; i < N * Kp / kQ8Block; ++i)
+      c.f16.push_back(f32_to_f16(exact ? std::ldexp(1.0f, rand_int(-1, 1)) : 0.01f + 0.05f * std::fabs(rand_normal())));
+    c.w.scales = c.f16.data();
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {  // padding k in [K, Kp) keeps code 0
+        const int code = rand_int(-128, 127);
+        c.codes[size_t(n) * Kp + k] = uint8_t(int8_t(code));
+        c.wf[size_t(n) * K + k] = float(code * ref_f16(c.f16[size_t(n) * (Kp / kQ8Block) + k / kQ8Block]));
+      }
+    return c;
+  }
   c.codes.assign(size_t(N) * Kp / 2, 0);
   c.w.data = c.codes.data();
   const int gs = t == DType::NVFP4 ? kNvfp4Block : group;
@@ -165,6 +180,11 @@ void check_gemm_formats(const char* isa) {
       check_gemm(isa, DType::W4A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0, true);
       if (sh.K % 96 == 0) check_gemm(isa, DType::W4A8, 96, exact, false, sh.M, sh.N, sh.K, sh.n0);
     }
+    // W8A8 (GGUF Q8_0): steps of two blocks, a last single block (odd nb), groups of eight
+    // blocks and their partial last one, 4-row strips and the remainder, several activation rows.
+    for (const WShape& sh : {WShape{1, 13, 576, 2}, WShape{3, 7, 80, 1}, WShape{5, 9, 160, 0}, WShape{1, 8, 256, 0},
+                             WShape{2, 6, 1536, 1}, WShape{1, 5, 288, 0}})
+      check_gemm(isa, DType::W8A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0);
     // The repacked NVFP4 layout: tails of 0..3 32-blocks, partial last groups, GEMV (M = 1)
     // on whole groups and on rows of a split group, GEMM tiles and their remainders.
     struct Shape { int M, N, K, n0; };

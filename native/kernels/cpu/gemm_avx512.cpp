@@ -215,7 +215,7 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
       }
       break;
     case DType::NVFP4: gemm_nvfp4_file(w, *xq, M, y, ldy, n0, n1); break;
-    case DType::W8A8: gemm_w8a8_avx2(w, *xq, M, y, ldy, n0, n1); break;  // AVX2 is enough: see its file
+    case DType::W8A8: gemm_w8a8_avx512(w, *xq, M, y, ldy, n0, n1); break;
   }
 }
 
@@ -225,7 +225,7 @@ const KernelSet& avx512_kernels() {
   // Measured per op against the AVX2 set on a Sapphire Rapids guest (docs/ENGINE.md, CPU
   // kernels): NVFP4 is repacked at load (Nvfp4X4, gemm_repack_avx512.cpp), W4A8 runs
   // gemm_w4a8_avx512.cpp (mins fused), F32 / F16 and W8A8 the AVX2 kernels.
-  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
+  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx512,
                            gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true,
                            // 16-bit activations: the AVX2 kernels
                            quantize_act_q16_avx2, gemm_a16_avx2, WeightLayout::Q41X8};
