@@ -1,7 +1,7 @@
 // gemm_avx512.cpp — the AVX-512 (F/BW/VL/DQ) + VNNI KernelSet (compiled with -mavx512*; only
 // reached when cpuid reports avx512f+bw+vl+dq+vnni and avx2/fma/f16c, see dispatch.cpp), and
 // its reader of NVFP4 in the file layout (the engine repacks NVFP4 at load: the Nvfp4X4
-// reader is gemm_repack_avx512.cpp; W4A8 is gemm_w4a8_avx512.cpp):
+// reader is gemm_repack_avx512.cpp; W4A8, W8A8 and F32 / F16 are gemm_{w4a8,w8a8,dense}_avx512.cpp):
 //   * codes -> u = 2*e2m1 + 12 via vpshufb on a 16-entry table,
 //   * vpdpbusd (u8 x s8 -> int32, 4 products per lane) accumulates onto the per-lane offset
 //     correction loaded from the packed activations, so the offset costs nothing,
@@ -205,7 +205,7 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
                  int n0, int n1) {
   switch (w.dtype) {
     case DType::F32:
-    case DType::F16: gemm_dense_avx2(w, x, M, y, ldy, n0, n1); break;  // measured faster: see avx512_kernels
+    case DType::F16: gemm_dense_avx512(w, x, M, y, ldy, n0, n1); break;
     case DType::W4A8:
       if (w.group % kQ8Block == 0 && (!w.mins || w.group == kQ8Block)) {
         gemm_w4a8_avx512(w, *xq, M, y, ldy, n0, n1);  // the mins term fused (gemm_fuses_mins)
@@ -224,7 +224,8 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
 const KernelSet& avx512_kernels() {
   // Measured per op against the AVX2 set on a Sapphire Rapids guest (docs/ENGINE.md, CPU
   // kernels): NVFP4 is repacked at load (Nvfp4X4, gemm_repack_avx512.cpp), W4A8 runs
-  // gemm_w4a8_avx512.cpp (mins fused), F32 / F16 and W8A8 the AVX2 kernels.
+  // gemm_w4a8_avx512.cpp (mins fused), W8A8 gemm_w8a8_avx512.cpp, F32 / F16
+  // gemm_dense_avx512.cpp; 16-bit activations (a16) the AVX2 kernels.
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx512,
                            gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true,
                            // 16-bit activations: the AVX2 kernels

@@ -88,6 +88,8 @@ void gemm_dense_avx2(const WeightView& w, const float* x, int M, float* y, int l
 void gemm_w4a8_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // W8A8 on AVX-512 VNNI (gemm_w8a8_avx512.cpp).
 void gemm_w8a8_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// F32 / F16 weights on AVX-512 (gemm_dense_avx512.cpp).
+void gemm_dense_avx512(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
 // The NVFP4 Nvfp4X4 readers: AVX2 (gemm_repack_avx2.cpp) and AVX-512 VNNI (gemm_repack_avx512.cpp).
 void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_nvfp4_x4_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
