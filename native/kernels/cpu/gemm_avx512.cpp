@@ -204,7 +204,9 @@ void gemm_nvfp4_file(const WeightView& w, const ActQ8& xq, int M, float* y, int 
 void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
                  int n0, int n1) {
   switch (w.dtype) {
-    case DType::F32:
+    case DType::F32:  // prefill: the AVX2 tile (the 512-bit one measured 0.92-0.99x at M = 512)
+      (M == 1 ? gemm_dense_avx512 : gemm_dense_avx2)(w, x, M, y, ldy, n0, n1);
+      break;
     case DType::F16: gemm_dense_avx512(w, x, M, y, ldy, n0, n1); break;
     case DType::W4A8:
       if (w.group % kQ8Block == 0 && (!w.mins || w.group == kQ8Block)) {
@@ -224,8 +226,8 @@ void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, fl
 const KernelSet& avx512_kernels() {
   // Measured per op against the AVX2 set on a Sapphire Rapids guest (docs/ENGINE.md, CPU
   // kernels): NVFP4 is repacked at load (Nvfp4X4, gemm_repack_avx512.cpp), W4A8 runs
-  // gemm_w4a8_avx512.cpp (mins fused), W8A8 gemm_w8a8_avx512.cpp, F32 / F16
-  // gemm_dense_avx512.cpp; 16-bit activations (a16) the AVX2 kernels.
+  // gemm_w4a8_avx512.cpp (mins fused), W8A8 gemm_w8a8_avx512.cpp, F16 and the F32 GEMV
+  // gemm_dense_avx512.cpp, the F32 GEMM and 16-bit activations (a16) the AVX2 kernels.
   static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx512,
                            gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true,
                            // 16-bit activations: the AVX2 kernels

@@ -79,7 +79,7 @@ bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, 
 // decode_order false (attention_prefill_wide_avx2.cpp): false when the view or D has no kernel.
 bool attention_rows_wide_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
                               float scale, float* const* o, float* const* m, float* const* l);
-// W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; shared by the AVX-512 set).
+// W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; the AVX-512 set has its own W8A8 and fuses the mins).
 void w4a8_mins_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // F32 / F16 weights (gemm_dense_avx2.cpp).

@@ -8,7 +8,10 @@ order alternating per round; best per ISA over the rounds (app/bench/kernels.py 
 of >= 0.15 s). nvfp4 is timed in the layout the ISA's set repacks to at load (kernels
 `preferred_layout`, as the engine runs it), so an ISA that repacks and one that does not are
 compared as the engine sees them. Prints GB/s (GEMV, weight bytes) and GFLOP/s (GEMM, 2MNK), and
-the ratio second/first ISA.
+the ratio second/first ISA. `--clock cpu`: one-thread cells timed in this thread's CPU time
+(time.thread_time: the kernel runs on the calling thread), so time the scheduler gave other
+processes is not counted; on a machine with more runnable processes than cores that removes
+most of the noise (cache interference stays).
 """
 from __future__ import annotations
 
@@ -28,18 +31,19 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--isas", default="avx2,avx512vnni")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--formats", default="f32,f16,nvfp4,w4a8,q4_1")
+    ap.add_argument("--formats", default="f32,f16,nvfp4,w4a8,q4_1,w8a8")
     ap.add_argument("--gemv-shapes", default="q,gate/up,down,lm_head")
     ap.add_argument("--gemm-m", default="64,512")
     ap.add_argument("--gemm-shapes", default="q,gate/up,down")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--json", help="write the raw cells here")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = ap.parse_args()
     k = kb._kernels()
     isas = a.isas.split(",")
     rng = np.random.default_rng(0)
     load = Path("/proc/loadavg").read_text().split()[:3]
-    print(f"isa_ab: {' vs '.join(isas)}; load {' '.join(load)}; {time.strftime('%H:%M:%S')}")
+    print(f"isa_ab: {' vs '.join(isas)}; clock {a.clock}; load {' '.join(load)}; {time.strftime('%H:%M:%S')}")
     cells = []
 
     def layout_fmt(fmt, isa):
@@ -48,12 +52,31 @@ def main() -> int:
         k.set_kernel_isa(isa)
         return "nvfp4_x4" if k.preferred_layout("nvfp4") == "nvfp4_x4" else "nvfp4"
 
+    def w8a8_weights(N, K):
+        """int8 codes [N, Kp] and f16 scales per 32-block (the 8-bit head; not in app/bench/kernels.py)."""
+        r = np.random.default_rng(1)
+        Kp = -(-K // 32) * 32
+        w = dict(data=r.integers(-128, 128, (N, Kp), dtype=np.int8),
+                 scales=(r.random((N, Kp // 32), dtype=np.float32) * 0.01 + 0.001).astype(np.float16))
+        return w, sum(v.nbytes for v in w.values())
+
+    def cpu_time(f, w, x):
+        """Seconds of this thread's CPU per call, best of 3 (as kb._time, in thread_time)."""
+        def timed(reps):
+            t0 = time.thread_time()
+            kb._call(k, f, w, x, repeat=reps)
+            return time.thread_time() - t0
+        timed(1)
+        one = max(timed(1), 1e-6)
+        reps = max(1, min(100_000, int(kb.MIN_TIME_S / one)))
+        return min(timed(reps) / reps for _ in range(3))
+
     def measure(kind, fmt, N, K, M, threads):
         ws = {}
         for isa in isas:
             f = layout_fmt(fmt, isa)
             if f not in ws:
-                ws[f] = kb._random_weights(k, f, N, K, np.random.default_rng(1))
+                ws[f] = w8a8_weights(N, K) if f == "w8a8" else kb._random_weights(k, f, N, K, np.random.default_rng(1))
         x = rng.standard_normal((M, K), dtype=np.float32)
         best = {isa: float("inf") for isa in isas}
         for r in range(a.rounds):
@@ -61,7 +84,8 @@ def main() -> int:
                 f = layout_fmt(fmt, isa)
                 k.set_kernel_isa(isa)
                 w, nbytes = ws[f]
-                best[isa] = min(best[isa], kb._time(k, f, w, x, threads))
+                best[isa] = min(best[isa], cpu_time(f, w, x) if a.clock == "cpu" and threads == 1
+                                else kb._time(k, f, w, x, threads))
         nbytes = ws[layout_fmt(fmt, isas[0])][1]
         unit = (lambda s: nbytes / s / 1e9) if kind == "gemv" else (lambda s: 2 * M * N * K / s / 1e9)
         vals = [unit(best[i]) for i in isas]
