@@ -9,8 +9,8 @@ for r in $(seq 1 "$R"); do
   if [ $((r % 2)) = 1 ]; then order="default avx2"; else order="avx2 default"; fi
   for isa in $order; do
     echo "== round $r $isa $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-    if [ $isa = default ]; then env -u KVDECK_ISA .venv/bin/python -m app bench cpu --no-peer --formats nvfp4,w4a8 --decode-ctx 32 --reps 1 --save $D/r${r}_$isa.json 2>&1 | tail -12
-    else KVDECK_ISA=avx2 .venv/bin/python -m app bench cpu --no-peer --formats nvfp4,w4a8 --decode-ctx 32 --reps 1 --save $D/r${r}_$isa.json 2>&1 | tail -12; fi
+    if [ $isa = default ]; then env -u KVDECK_ISA .venv/bin/python -m app bench cpu --no-peer --formats nvfp4,w4a8 --decode-ctx 32 --reps 1 --save $D/${TAG:-}r${r}_$isa.json 2>&1 | tail -12
+    else KVDECK_ISA=avx2 .venv/bin/python -m app bench cpu --no-peer --formats nvfp4,w4a8 --decode-ctx 32 --reps 1 --save $D/${TAG:-}r${r}_$isa.json 2>&1 | tail -12; fi
   done
 done
 echo "== done $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
