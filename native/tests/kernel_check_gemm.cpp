@@ -54,6 +54,21 @@ Case make_case(DType t, int N, int K, int group, bool exact, bool with_mins = fa
   }
   const int Kp = round_up(K, kQuantPad);
   c.w.Kp = Kp;
+  if (t == DType::W8A8) {  // int8 codes [N, Kp] (-128 included), one f16 scale per 32-block
+    c.w.group = kQ8Block;
+    c.codes.assign(size_t(N) * Kp, 0);
+    c.w.data = c.codes.data();
+    for (int i = 0; i < N * Kp / kQ8Block; ++i)
+      c.f16.push_back(f32_to_f16(exact ? std::ldexp(1.0f, rand_int(-1, 1)) : 0.01f + 0.05f * std::fabs(rand_normal())));
+    c.w.scales = c.f16.data();
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {  // padding k in [K, Kp) keeps code 0
+        const int code = rand_int(-128, 127);
+        c.codes[size_t(n) * Kp + k] = uint8_t(int8_t(code));
+        c.wf[size_t(n) * K + k] = float(code * ref_f16(c.f16[size_t(n) * (Kp / kQ8Block) + k / kQ8Block]));
+      }
+    return c;
+  }
   c.codes.assign(size_t(N) * Kp / 2, 0);
   c.w.data = c.codes.data();
   const int gs = t == DType::NVFP4 ? kNvfp4Block : group;
@@ -155,11 +170,30 @@ void check_gemm_formats(const char* isa) {
     for (int group : {16, 32, 96}) check_gemm(isa, DType::W4A8, group, exact);
     // GGUF Q4_1 blocks (mins; AVX2 fuses their term into the tile): GEMV, GEMM, odd block counts
     for (int M : {1, 3, 9}) check_gemm(isa, DType::W4A8, 32, exact, false, M, 7, M == 1 ? 576 : 80, 1, true);
+    // W4A8 in steps of eight 32-blocks (the AVX-512 kernel): whole steps, a partial last step
+    // of 1..7 blocks, GEMV on 4-row strips and their remainder, GEMM tiles of 8, 4 and 1 rows;
+    // group 96 (scales expanded per 32-block) and the GGUF mins (fused).
+    struct WShape { int M, N, K, n0; };
+    for (const WShape& sh : {WShape{1, 13, 576, 2}, WShape{1, 8, 256, 0}, WShape{1, 7, 224, 0}, WShape{21, 5, 480, 1},
+                             WShape{13, 6, 1536, 0}, WShape{9, 9, 288, 1}}) {
+      check_gemm(isa, DType::W4A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0);
+      check_gemm(isa, DType::W4A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0, true);
+      if (sh.K % 96 == 0) check_gemm(isa, DType::W4A8, 96, exact, false, sh.M, sh.N, sh.K, sh.n0);
+    }
+    // W8A8 (GGUF Q8_0): steps of two blocks, a last single block (odd nb), groups of eight
+    // blocks and their partial last one, 4-row strips and the remainder, several activation rows.
+    for (const WShape& sh : {WShape{1, 13, 576, 2}, WShape{3, 7, 80, 1}, WShape{5, 9, 160, 0}, WShape{1, 8, 256, 0},
+                             WShape{2, 6, 1536, 1}, WShape{1, 5, 288, 0}})
+      check_gemm(isa, DType::W8A8, 32, exact, false, sh.M, sh.N, sh.K, sh.n0);
     // The repacked NVFP4 layout: tails of 0..3 32-blocks, partial last groups, GEMV (M = 1)
     // on whole groups and on rows of a split group, GEMM tiles and their remainders.
     struct Shape { int M, N, K, n0; };
     for (const Shape& sh : {Shape{3, 7, 80, 1}, Shape{1, 13, 576, 0}, Shape{1, 13, 576, 2}, Shape{1, 8, 256, 0},
-                            Shape{8, 9, 288, 1}, Shape{13, 6, 160, 0}, Shape{1, 5, 32, 0}, Shape{7, 4, 1536, 0}})
+                            Shape{8, 9, 288, 1}, Shape{13, 6, 160, 0}, Shape{1, 5, 32, 0}, Shape{7, 4, 1536, 0},
+                            // odd full-chunk counts (the AVX-512 reader pairs chunks), with and without a
+                            // tail; GEMM tiles of 8, 4 and 1 rows (21 = 8 + 8 + 4 + 1)
+                            Shape{1, 8, 384, 0}, Shape{12, 9, 384, 0}, Shape{1, 12, 480, 4}, Shape{21, 5, 480, 1},
+                            Shape{21, 7, 576, 0}})
       check_gemm(isa, DType::NVFP4, 0, exact, true, sh.M, sh.N, sh.K, sh.n0);
   }
 }

@@ -211,11 +211,10 @@ def test_nvfp4_x4_layout_is_a_permutation_of_the_file_bytes():
 
 
 def test_preferred_layout_per_isa():
-    """AVX2 asks for the repacked nvfp4 layout; scalar, NEON and AVX-512 (whose VNNI kernel
-    reads the file layout) keep the file layout."""
+    """AVX2 and AVX-512 ask for the repacked nvfp4 layout; scalar and NEON keep the file layout."""
     before = K_.kernel_isa()
     try:
-        want = {"scalar": "file", "avx2": "nvfp4_x4", "avx512vnni": "file", "neon": "file"}
+        want = {"scalar": "file", "avx2": "nvfp4_x4", "avx512vnni": "nvfp4_x4", "neon": "file"}
         for isa in ISAS:
             K_.set_kernel_isa(isa)
             assert K_.preferred_layout("w4a8") == "file"

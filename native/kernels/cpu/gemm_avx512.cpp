@@ -1,8 +1,8 @@
-// gemm_avx512.cpp — AVX-512 (F/BW/VL/DQ) + VNNI kernels (compiled with -mavx512*; only
-// reached when cpuid reports avx512f+bw+vl+dq+vnni and avx2/fma/f16c, see dispatch.cpp).
-//
-// Same scheme as gemm_avx2.cpp, four 32-blocks (128 values of K) per step:
-//   * weights unsigned (W4A8 nibble q+8; NVFP4 u = 2*e2m1 + 12 via vpshufb on a 16-entry table),
+// gemm_avx512.cpp — the AVX-512 (F/BW/VL/DQ) + VNNI KernelSet (compiled with -mavx512*; only
+// reached when cpuid reports avx512f+bw+vl+dq+vnni and avx2/fma/f16c, see dispatch.cpp), and
+// its reader of NVFP4 in the file layout (the engine repacks NVFP4 at load: the Nvfp4X4
+// reader is gemm_repack_avx512.cpp; W4A8, W8A8 and F32 / F16 are gemm_{w4a8,w8a8,dense}_avx512.cpp):
+//   * codes -> u = 2*e2m1 + 12 via vpshufb on a 16-entry table,
 //   * vpdpbusd (u8 x s8 -> int32, 4 products per lane) accumulates onto the per-lane offset
 //     correction loaded from the packed activations, so the offset costs nothing,
 //   * a 64-byte load of codes is [block b | b+1 | b+2 | b+3] x 16 bytes; low nibbles are the
@@ -31,9 +31,6 @@ constexpr int kGemvRows = 4;   // weight rows per GEMV step (activation reuse, 4
 constexpr int kGemmRowsN = 4;  // GEMM register tile: 4 weight rows x 4 activation rows
 constexpr int kGemmRowsM = 4;  //   = 16 accumulators (of 32 zmm)
 constexpr int kMBlock = 64;    // activation rows packed at once (stays in L2)
-constexpr int kDenseGemvRows = 4;
-constexpr int kDenseRowsN = 4;  // f32/f16 GEMM tile: 4 weight rows x 6 x rows = 24 accs
-constexpr int kDenseRowsM = 6;
 constexpr int kPrefetchBytes = 4096;  // GEMV software prefetch distance (rows are contiguous: ~memory latency x bandwidth ahead)
 
 // ============================================================================
@@ -48,8 +45,8 @@ struct alignas(64) QuadPack {
   float d[16];       // d_a[b] x4 per block
 };
 
-// Lane j (0..3) of a block's 128 bits covers elements 8j..8j+7 (see gemm_avx2.cpp).
-template <bool kNvfp4>
+// Lane j (0..3) of a block's 128 bits covers elements 8j..8j+7 (see gemm_avx2.cpp): lanes 0, 1
+// are 16-block 0 and lanes 2, 3 16-block 1, each carrying -12 * its 16-block sum / 2.
 void pack_acts(const ActQ8& xq, int m0, int mb, int T, QuadPack* out /*[mb, T]*/) {
   const int Kp = xq.Kp, nb = Kp / kQ8Block;
   for (int mi = 0; mi < mb; ++mi) {
@@ -67,15 +64,10 @@ void pack_acts(const ActQ8& xq, int m0, int mb, int T, QuadPack* out /*[mb, T]*/
         }
         const int8_t* qb = q + b * kQ8Block;  // [32]
         for (int i = 0; i < 16; ++i) pk.even[16 * h + i] = qb[2 * i], pk.odd[16 * h + i] = qb[2 * i + 1];
-        if (kNvfp4) {
-          int s0 = 0, s1 = 0;
-          for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
-          pk.corr[4 * h + 0] = pk.corr[4 * h + 1] = -kNvfp4Offset / 2 * s0;
-          pk.corr[4 * h + 2] = pk.corr[4 * h + 3] = -kNvfp4Offset / 2 * s1;
-        } else {
-          const int s = xq.s[size_t(m) * nb + b];
-          for (int j = 0; j < 4; ++j) pk.corr[4 * h + j] = -kW4a8Offset / 4 * s;
-        }
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
+        pk.corr[4 * h + 0] = pk.corr[4 * h + 1] = -kNvfp4Offset / 2 * s0;
+        pk.corr[4 * h + 2] = pk.corr[4 * h + 3] = -kNvfp4Offset / 2 * s1;
         const float d = xq.d[size_t(m) * nb + b];
         for (int j = 0; j < 4; ++j) pk.d[4 * h + j] = d;
       }
@@ -85,49 +77,35 @@ void pack_acts(const ActQ8& xq, int m0, int mb, int T, QuadPack* out /*[mb, T]*/
 
 struct QRow {
   const uint8_t* codes;   // [Kp/2]: 64 bytes per quad of 32-blocks
-  const uint8_t* scales;  // 8 bytes per quad: W4A8 4 x f16, NVFP4 8 x e4m3
+  const uint8_t* scales;  // 8 bytes per quad: 8 x e4m3
 };
 
-template <bool kNvfp4>
 inline void decode_quad(__m512i c, __m512i& lo, __m512i& hi) {
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  lo = _mm512_and_si512(c, nib);
-  hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nib);
-  if (kNvfp4) {
-    const __m512i lut = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    lo = _mm512_shuffle_epi8(lut, lo);
-    hi = _mm512_shuffle_epi8(lut, hi);
-  }
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(c, nib));
+  hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(c, 4), nib));
 }
 
-// Per-lane weight scale of one quad from its 8 scale bytes (layout of QuadPack::d).
-template <bool kNvfp4>
+// Per-lane weight scale of one quad from its 8 scale bytes (layout of QuadPack::d): E4M3 by
+// bit placement, times 2^119 (= 2^120 * 0.5); see gemm_avx2.cpp.
 inline __m512 quad_scale(uint64_t bits) {
   const __m128i raw = _mm_cvtsi64_si128(int64_t(bits));
-  if (kNvfp4) {
-    // E4M3 by bit placement, times 2^119 (= 2^120 * 0.5); see gemm_avx2.cpp.
-    const __m256i b32 = _mm256_cvtepu8_epi32(raw);
-    const __m256i f = _mm256_or_si256(
-        _mm256_slli_epi32(_mm256_and_si256(b32, _mm256_set1_epi32(0x7F)), 20),
-        _mm256_slli_epi32(_mm256_and_si256(b32, _mm256_set1_epi32(0x80)), 24));
-    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_set1_ps(0x1p119f));
-    const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    return _mm512_permutexvar_ps(idx, _mm512_zextps256_ps512(v));
-  } else {
-    const __m128 v = _mm_cvtph_ps(raw);
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    return _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(v));
-  }
+  const __m256i b32 = _mm256_cvtepu8_epi32(raw);
+  const __m256i f = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(b32, _mm256_set1_epi32(0x7F)), 20),
+                                    _mm256_slli_epi32(_mm256_and_si256(b32, _mm256_set1_epi32(0x80)), 24));
+  const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_set1_ps(0x1p119f));
+  const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  return _mm512_permutexvar_ps(idx, _mm512_zextps256_ps512(v));
 }
 
-template <bool kNvfp4, int RN, int RM>
+template <int RN, int RM>
 inline void tile_step(const __m512i (&c)[RN], const uint64_t (&sb)[RN], const QuadPack* const* a,
                       __m512 (&acc)[RN][RM]) {
   for (int n = 0; n < RN; ++n) {
     __m512i lo, hi;
-    decode_quad<kNvfp4>(c[n], lo, hi);
-    const __m512 ws = quad_scale<kNvfp4>(sb[n]);
+    decode_quad(c[n], lo, hi);
+    const __m512 ws = quad_scale(sb[n]);
     for (int m = 0; m < RM; ++m) {
       __m512i s32 = _mm512_load_si512(a[m]->corr);
       s32 = _mm512_dpbusd_epi32(s32, lo, _mm512_load_si512(a[m]->even));
@@ -139,7 +117,7 @@ inline void tile_step(const __m512i (&c)[RN], const uint64_t (&sb)[RN], const Qu
 }
 
 // y[m][n] for RN weight rows x RM packed activation rows over all T quads.
-template <bool kNvfp4, int RN, int RM>
+template <int RN, int RM>
 void q4_tile(const QRow* w /*[RN]*/, const QuadPack* const* a0 /*[RM]*/, int T, int nb,
              float out_scale, float* const* y /*[RM], offset to column n*/) {
   __m512 acc[RN][RM];
@@ -157,7 +135,7 @@ void q4_tile(const QRow* w /*[RN]*/, const QuadPack* const* a0 /*[RM]*/, int T, 
       c[n] = _mm512_loadu_si512(cp);
       std::memcpy(&sb[n], w[n].scales + 8 * size_t(t), 8);
     }
-    tile_step<kNvfp4, RN, RM>(c, sb, a, acc);
+    tile_step<RN, RM>(c, sb, a, acc);
     for (int m = 0; m < RM; ++m) ++a[m];
   }
   if (T > Tfull) {  // 1..3 remaining 32-blocks: masked code load, 2 scale bytes per block
@@ -170,67 +148,47 @@ void q4_tile(const QRow* w /*[RN]*/, const QuadPack* const* a0 /*[RM]*/, int T, 
       sb[n] = 0;
       std::memcpy(&sb[n], w[n].scales + 8 * size_t(Tfull), 2 * rem);
     }
-    tile_step<kNvfp4, RN, RM>(c, sb, a, acc);
+    tile_step<RN, RM>(c, sb, a, acc);
   }
   for (int n = 0; n < RN; ++n)
     for (int m = 0; m < RM; ++m) y[m][n] = _mm512_reduce_add_ps(acc[n][m]) * out_scale;
 }
 
-struct Scratch {
-  std::vector<QuadPack> acts;     // [kMBlock, T]
-  std::vector<uint16_t> wscales;  // W4A8 group != 32: per-32-block f16 scales [kGemvRows, 4T]
-};
-Scratch& scratch() {
-  thread_local Scratch s;
+std::vector<QuadPack>& scratch() {
+  thread_local std::vector<QuadPack> s;  // [kMBlock, T]
   return s;
 }
 
-template <bool kNvfp4>
-void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
+void gemm_nvfp4_file(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1) {
   const int Kp = w.Kp, nb = Kp / kQ8Block, T = (nb + 3) / 4;
   const auto* codes = static_cast<const uint8_t*>(w.data);  // [N, Kp/2]
   const auto* scales = static_cast<const uint8_t*>(w.scales);
-  const float out_scale = kNvfp4 ? w.tscale : 1.0f;
-  const bool expand = !kNvfp4 && w.group != kQ8Block;
-  const size_t row_scale_bytes = kNvfp4 ? size_t(Kp / kNvfp4Block) : size_t(Kp / w.group) * 2;
-  constexpr int kSlots = std::max(kGemvRows, kGemmRowsN);
-  Scratch& S = scratch();
-  S.acts.resize(size_t(std::min(M, kMBlock)) * T);
-  if (expand) S.wscales.assign(size_t(kSlots) * 4 * T, 0);
-
-  auto row = [&](int n, int slot) -> QRow {
-    QRow r{codes + size_t(n) * (Kp / 2), scales + size_t(n) * row_scale_bytes};
-    if (expand) {
-      const auto* s = reinterpret_cast<const uint16_t*>(r.scales);  // f16 [Kp/group]
-      uint16_t* e = S.wscales.data() + size_t(slot) * 4 * T;        // f16 [4T]
-      for (int b = 0; b < nb; ++b) e[b] = s[b * kQ8Block / w.group];
-      r.scales = reinterpret_cast<const uint8_t*>(e);
-    }
-    return r;
-  };
+  std::vector<QuadPack>& S = scratch();
+  S.resize(size_t(std::min(M, kMBlock)) * T);
+  auto row = [&](int n) { return QRow{codes + size_t(n) * (Kp / 2), scales + size_t(n) * (Kp / kNvfp4Block)}; };
   // One RN-row strip against activation rows [0, mb) of the packed block.
   auto strip = [&](auto rn_tag, auto rm_tag, int n, const QuadPack* A, int m0, int mb) {
     constexpr int RN = decltype(rn_tag)::value, RM = decltype(rm_tag)::value;
     QRow r[RN];
-    for (int i = 0; i < RN; ++i) r[i] = row(n + i, i);
+    for (int i = 0; i < RN; ++i) r[i] = row(n + i);
     int m = 0;
     for (; m + RM <= mb; m += RM) {
       const QuadPack* a[RM];
       float* yp[RM];
       for (int i = 0; i < RM; ++i) a[i] = A + size_t(m + i) * T, yp[i] = y + size_t(m0 + m + i) * ldy + n;
-      q4_tile<kNvfp4, RN, RM>(r, a, T, nb, out_scale, yp);
+      q4_tile<RN, RM>(r, a, T, nb, w.tscale, yp);
     }
     for (; m < mb; ++m) {
       const QuadPack* a[1] = {A + size_t(m) * T};
       float* yp[1] = {y + size_t(m0 + m) * ldy + n};
-      q4_tile<kNvfp4, RN, 1>(r, a, T, nb, out_scale, yp);
+      q4_tile<RN, 1>(r, a, T, nb, w.tscale, yp);
     }
   };
   using I1 = std::integral_constant<int, 1>;
   for (int m0 = 0; m0 < M; m0 += kMBlock) {
     const int mb = std::min(kMBlock, M - m0);
-    pack_acts<kNvfp4>(xq, m0, mb, T, S.acts.data());
-    const QuadPack* A = S.acts.data();  // [mb, T]
+    pack_acts(xq, m0, mb, T, S.data());
+    const QuadPack* A = S.data();  // [mb, T]
     int n = n0;
     if (mb == 1) {
       for (; n + kGemvRows <= n1; n += kGemvRows)
@@ -243,97 +201,36 @@ void gemm_q4(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int
   }
 }
 
-// ============================================================================
-// Dense formats (F32, F16): FMA over K, masked K tail
-// ============================================================================
-
-template <bool kF16>
-inline __m512 load_w16(const void* W, size_t i, __mmask16 mask) {
-  if (kF16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(W) + i));
-  return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(W) + i);
-}
-
-template <bool kF16, int RN, int RM>
-void dense_tile(const void* W, int K, int n, const float* const* x /*[RM]*/, float* const* y /*[RM]*/) {
-  __m512 acc[RN][RM];
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) acc[i][m] = _mm512_setzero_ps();
-  const size_t esz = kF16 ? 2 : 4;
-  for (int k = 0; k < K; k += 16) {
-    const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
-    __m512 wv[RN];
-    for (int i = 0; i < RN; ++i) {
-      if (RM == 1)
-        _mm_prefetch(reinterpret_cast<const char*>(W) + (size_t(n + i) * K + k) * esz + kPrefetchBytes, _MM_HINT_T0);
-      wv[i] = load_w16<kF16>(W, size_t(n + i) * K + k, mask);
-    }
-    for (int m = 0; m < RM; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x[m] + k);
-      for (int i = 0; i < RN; ++i) acc[i][m] = _mm512_fmadd_ps(wv[i], xv, acc[i][m]);
-    }
-  }
-  for (int i = 0; i < RN; ++i)
-    for (int m = 0; m < RM; ++m) y[m][i] = _mm512_reduce_add_ps(acc[i][m]);
-}
-
-template <bool kF16>
-void gemm_dense(const WeightView& w, const float* x /*[M,K]*/, int M, float* y, int ldy, int n0, int n1) {
-  const int K = w.K;
-  auto strip = [&](auto rn_tag, auto rm_tag, int n, int m0, int mb) {
-    constexpr int RN = decltype(rn_tag)::value, RM = decltype(rm_tag)::value;
-    int m = m0;
-    for (; m + RM <= m0 + mb; m += RM) {
-      const float* xr[RM];
-      float* yp[RM];
-      for (int i = 0; i < RM; ++i) xr[i] = x + size_t(m + i) * K, yp[i] = y + size_t(m + i) * ldy + n;
-      dense_tile<kF16, RN, RM>(w.data, K, n, xr, yp);
-    }
-    for (; m < m0 + mb; ++m) {
-      const float* xr[1] = {x + size_t(m) * K};
-      float* yp[1] = {y + size_t(m) * ldy + n};
-      dense_tile<kF16, RN, 1>(w.data, K, n, xr, yp);
-    }
-  };
-  using I1 = std::integral_constant<int, 1>;
-  for (int m0 = 0; m0 < M; m0 += kMBlock) {
-    const int mb = std::min(kMBlock, M - m0);
-    int n = n0;
-    if (mb == 1) {
-      for (; n + kDenseGemvRows <= n1; n += kDenseGemvRows)
-        strip(std::integral_constant<int, kDenseGemvRows>{}, I1{}, n, m0, mb);
-    } else {
-      for (; n + kDenseRowsN <= n1; n += kDenseRowsN)
-        strip(std::integral_constant<int, kDenseRowsN>{}, std::integral_constant<int, kDenseRowsM>{}, n, m0, mb);
-    }
-    for (; n < n1; ++n) strip(I1{}, I1{}, n, m0, mb);
-  }
-}
-
 void gemm_avx512(const WeightView& w, const float* x, const ActQ8* xq, int M, float* y, int ldy,
                  int n0, int n1) {
   switch (w.dtype) {
-    case DType::F32: gemm_dense<false>(w, x, M, y, ldy, n0, n1); break;
-    case DType::F16: gemm_dense<true>(w, x, M, y, ldy, n0, n1); break;
-    case DType::W4A8:  // groups that are not a multiple of 32 take the scalar path
-      if (w.group % kQ8Block == 0)
-        gemm_q4<false>(w, *xq, M, y, ldy, n0, n1);
-      else
-        scalar_kernels().gemm(w, x, xq, M, y, ldy, n0, n1);
+    case DType::F32:  // prefill: the AVX2 tile (the 512-bit one measured 0.92-0.99x at M = 512)
+      (M == 1 ? gemm_dense_avx512 : gemm_dense_avx2)(w, x, M, y, ldy, n0, n1);
       break;
-    case DType::NVFP4: gemm_q4<true>(w, *xq, M, y, ldy, n0, n1); break;
-    case DType::W8A8: gemm_w8a8_avx2(w, *xq, M, y, ldy, n0, n1); break;  // AVX2 is enough: see its file
+    case DType::F16: gemm_dense_avx512(w, x, M, y, ldy, n0, n1); break;
+    case DType::W4A8:
+      if (w.group % kQ8Block == 0 && (!w.mins || w.group == kQ8Block)) {
+        gemm_w4a8_avx512(w, *xq, M, y, ldy, n0, n1);  // the mins term fused (gemm_fuses_mins)
+      } else {  // other groups: the scalar path (and its separate mins pass)
+        scalar_kernels().gemm(w, x, xq, M, y, ldy, n0, n1);
+        if (w.mins) w4a8_mins_scalar(w, *xq, M, y, ldy, n0, n1);
+      }
+      break;
+    case DType::NVFP4: gemm_nvfp4_file(w, *xq, M, y, ldy, n0, n1); break;
+    case DType::W8A8: gemm_w8a8_avx512(w, *xq, M, y, ldy, n0, n1); break;
   }
 }
 
 }  // namespace
 
 const KernelSet& avx512_kernels() {
-  // NVFP4 stays in the file layout here (this set's VNNI kernel reads it); a repacked view
-  // (an engine loaded under AVX2) is read by the AVX2 reader. A VNNI reader of the repacked
-  // layout waits for a machine that can validate it (no AVX-512 CPU or emulator here).
-  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx2,
-                           gemm_nvfp4_x4_avx2, WeightLayout::File, /*gemm_fuses_mins=*/false,
-                           // 16-bit activations: the AVX2 kernels (no AVX-512 one could be run here)
+  // Measured per op against the AVX2 set on a Sapphire Rapids guest (docs/ENGINE.md, CPU
+  // kernels): NVFP4 is repacked at load (Nvfp4X4, gemm_repack_avx512.cpp), W4A8 runs
+  // gemm_w4a8_avx512.cpp (mins fused), W8A8 gemm_w8a8_avx512.cpp, F16 and the F32 GEMV
+  // gemm_dense_avx512.cpp, the F32 GEMM and 16-bit activations (a16) the AVX2 kernels.
+  static const KernelSet k{"avx512vnni", quantize_act_q8_avx2, gemm_avx512, w4a8_mins_avx2, gemm_w8a8_avx512,
+                           gemm_nvfp4_x4_avx512, WeightLayout::Nvfp4X4, /*gemm_fuses_mins=*/true,
+                           // 16-bit activations: the AVX2 kernels
                            quantize_act_q16_avx2, gemm_a16_avx2, WeightLayout::Q41X8};
   return k;
 }

@@ -1,6 +1,6 @@
 // gemm_repack.h — private to native/kernels/cpu: the geometry of the Nvfp4X4 weight layout
 // (kernels.h, WeightLayout), shared by the repack (gemm_repack.cpp) and every reader of it
-// (the scalar reference there, gemm_repack_avx2.cpp).
+// (the scalar reference there, gemm_repack_avx2.cpp, gemm_repack_avx512.cpp).
 #pragma once
 #include <algorithm>
 #include <cstddef>

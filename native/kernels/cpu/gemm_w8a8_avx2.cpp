@@ -1,6 +1,6 @@
 // gemm_w8a8_avx2.cpp — 8-bit weights (GGUF Q8_0 kept exactly) and the Q4_1 minimum term, on
 // AVX2 + FMA + F16C (compiled with -mavx2 -mfma -mf16c; reached only through the KernelSet of
-// a CPU that has them; the AVX-512 set reuses both).
+// a CPU that has them; the AVX-512 set has its own W8A8, gemm_w8a8_avx512.cpp, and fuses the mins).
 //
 // W8A8: int8 x int8 per 32-block. maddubs multiplies unsigned by signed bytes, so
 //   sum(w * a) = sum(|w| * (a * sign(w)))   (sign_epi8 twice, as llama.cpp's Q8_0 dot does);

@@ -79,13 +79,20 @@ bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, 
 // decode_order false (attention_prefill_wide_avx2.cpp): false when the view or D has no kernel.
 bool attention_rows_wide_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
                               float scale, float* const* o, float* const* m, float* const* l);
-// W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; shared by the AVX-512 set).
+// W4A8 mins correction and the W8A8 GEMV/GEMM (gemm_w8a8_avx2.cpp; the AVX-512 set has its own W8A8 and fuses the mins).
 void w4a8_mins_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 void gemm_w8a8_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // F32 / F16 weights (gemm_dense_avx2.cpp).
 void gemm_dense_avx2(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
-// The NVFP4 Nvfp4X4 reader (gemm_repack_avx2.cpp; the AVX-512 set uses it too).
+// W4A8 (group % 32 == 0; with mins: group 32, the term fused) on AVX-512 VNNI (gemm_w4a8_avx512.cpp).
+void gemm_w4a8_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// W8A8 on AVX-512 VNNI (gemm_w8a8_avx512.cpp).
+void gemm_w8a8_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+// F32 / F16 weights on AVX-512 (gemm_dense_avx512.cpp).
+void gemm_dense_avx512(const WeightView& w, const float* x, int M, float* y, int ldy, int n0, int n1);
+// The NVFP4 Nvfp4X4 readers: AVX2 (gemm_repack_avx2.cpp) and AVX-512 VNNI (gemm_repack_avx512.cpp).
 void gemm_nvfp4_x4_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
+void gemm_nvfp4_x4_avx512(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
 // 16-bit activations (gemm_a16_avx2.cpp; the AVX-512 set uses them too).
 void quantize_act_q16_avx2(const float* x /*[M,K]*/, int M, int K, ActQ8& out);
 void gemm_a16_avx2(const WeightView& w, const ActQ8& xq, int M, float* y, int ldy, int n0, int n1);
