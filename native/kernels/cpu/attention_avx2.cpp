@@ -152,6 +152,9 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   // nvfp4 pages (D 64 / 128, whole groups of 8 rows): q quantised once per segment and KV head
   const bool int8_scores = attention_scores_int8(kv);  // (and this kernel's G <= 64)
   const bool int_v = int8_scores && attention_int_v();
+  const bool z512 = int8_scores && avx512_active();  // the avx512vnni set: its page kernels (same bits)
+  auto page_scores = z512 ? nvfp4_page_scores_avx512 : attn_avx2::nvfp4_page_scores;
+  auto page_pv = z512 ? nvfp4_page_pv_avx512 : attn_avx2::nvfp4_page_pv;
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
   thread_local std::vector<int32_t> qc;
@@ -190,11 +193,11 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
         const uint16_t* ks = ksv + (g - g0) * vss;
         pf.step(lines);
-        attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
+        page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
                                      qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
         float alpha[64];
         softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
-        if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
+        if (int_v && page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
           continue;  // o += P·V on the codes
         attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
         pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);

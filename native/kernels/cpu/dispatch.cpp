@@ -63,6 +63,9 @@ std::atomic<const cpu::KernelSet*>& active() {
 
 }  // namespace
 
+#if defined(__x86_64__)
+bool cpu::avx512_active() { return active().load(std::memory_order_relaxed) == &cpu::avx512_kernels(); }
+#endif
 #if defined(__aarch64__)
 bool cpu::neon_active() { return active().load(std::memory_order_relaxed) == &cpu::neon_kernels(); }
 #endif
