@@ -196,7 +196,7 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
         page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
                                      qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
         float alpha[64];
-        softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
+        (z512 ? softmax_heads_avx512 : softmax_heads)(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
         if (int_v && page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
           continue;  // o += P·V on the codes
         attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);

@@ -130,50 +130,132 @@ void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, const f
   const __m512i pi0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);  // token m / 4
   const __m512i pi1 = _mm512_add_epi32(pi0, _mm512_set1_epi32(4));
   const __m256i wtr = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-  const __m512 k255 = _mm512_set1_ps(255.0f), half255 = _mm512_set1_ps(0.5f / 255.0f);
-  alignas(64) uint8_t W[2 * 8 * 32];  // [chunk][group][quad][block][token] weights of one head
-  alignas(64) float Fw[2 * 8 * 16];   // [chunk][group] wm · 0.5/255 per block (lanes 0-3)
-  for (int h = 0; h < G; ++h) {
-    const float* ph = P + size_t(h) * ldp;
-    for (int c = 0; c < C; ++c)
-      for (int gi = 0; gi < ng; ++gi) {
-        const int g0 = 8 * gi;
-        // w = p_t · s_tb for the group's 8 tokens x 4 blocks (lane m: token m / 4, block m % 4)
-        const __m512 p8 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ph + g0), _mm256_set1_ps(256.0f)));
-        const __m512i sc = _mm512_loadu_si512(ks + (size_t(c) * n8 + g0) * 4);
-        const __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(pi0, p8), _mm512_cvtph_ps(_mm512_castsi512_si256(sc)));
-        const __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(pi1, p8), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1)));
-        __m512 wm = _mm512_max_ps(w0, w1);
-        wm = _mm512_max_ps(wm, _mm512_shuffle_f32x4(wm, wm, _MM_SHUFFLE(1, 0, 3, 2)));
-        wm = _mm512_max_ps(wm, _mm512_shuffle_f32x4(wm, wm, _MM_SHUFFLE(2, 3, 0, 1)));  // every lane: its block's max
-        const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(wm, _mm512_setzero_ps(), _CMP_GT_OQ), k255, wm);
-        _mm512_store_ps(Fw + (c * 8 + gi) * 16, _mm512_mul_ps(wm, half255));
-        const __m128i q0 = _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w0, inv)));
-        const __m128i q1 = _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w1, inv)));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(W + (c * 8 + gi) * 32),
-                           _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1), wtr));
-      }
-    for (int c = 0; c < C; ++c) {
-      float* oc = o + size_t(h) * D + 64 * c;
-      __m512 of[4];
-      for (int b = 0; b < 4; ++b)
-        of[b] = _mm512_mul_ps(_mm512_permutexvar_ps(to_lane, _mm512_loadu_ps(oc + 16 * b)), _mm512_set1_ps(alpha[h]));
-      for (int gi = 0; gi < ng; ++gi) {
-        const uint8_t* wg = W + (c * 8 + gi) * 32;
-        const float* f = Fw + (c * 8 + gi) * 16;
-        const __m512i* a0 = vq + (size_t(c) * 16 + 2 * gi) * 4;
-        for (int b = 0; b < 4; ++b) {
-          int32_t wa, wb;
-          __builtin_memcpy(&wa, wg + 4 * b, 4);
-          __builtin_memcpy(&wb, wg + 16 + 4 * b, 4);
-          __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(wa), a0[b]);
-          acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(wb), a0[4 + b]);
-          of[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(f[b]), of[b]);
+  const __m256 k255 = _mm256_set1_ps(255.0f), half255 = _mm256_set1_ps(0.5f / 255.0f);
+  const int K = C * ng;  // groups of 8 tokens x chunks, k = c·ng + gi
+  constexpr int HB = 4;  // heads whose weights are made together (their divisions pipeline)
+  alignas(64) uint8_t W[HB * 16 * 32];     // [head][k][quad][block][token] weights
+  alignas(64) float Fw[HB * 16 * 4 + 4];   // [head][k][block] wm · 0.5/255
+  alignas(64) float wmv[HB * 16 * 4 + 4], invv[HB * 16 * 4 + 4];  // [head][k][block] max w, 255 / max w
+  alignas(64) __m512 wv[HB * 16 * 2];      // [head][k][tokens 0-3, 4-7] w
+  for (int h0 = 0; h0 < G; h0 += HB) {
+    const int nh = G - h0 < HB ? G - h0 : HB, nk = nh * K;
+    for (int hh = 0; hh < nh; ++hh) {
+      const float* ph = P + size_t(h0 + hh) * ldp;
+      for (int c = 0; c < C; ++c)
+        for (int gi = 0; gi < ng; ++gi) {
+          const int g0 = 8 * gi, hk = hh * K + c * ng + gi;
+          // w = p_t · s_tb for the group's 8 tokens x 4 blocks (lane m: token m / 4, block m % 4)
+          const __m512 p8 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ph + g0), _mm256_set1_ps(256.0f)));
+          const __m512i sc = _mm512_loadu_si512(ks + (size_t(c) * n8 + g0) * 4);
+          const __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(pi0, p8), _mm512_cvtph_ps(_mm512_castsi512_si256(sc)));
+          const __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(pi1, p8), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1)));
+          wv[2 * hk] = w0, wv[2 * hk + 1] = w1;
+          __m512 wm = _mm512_max_ps(w0, w1);
+          wm = _mm512_max_ps(wm, _mm512_shuffle_f32x4(wm, wm, _MM_SHUFFLE(1, 0, 3, 2)));
+          wm = _mm512_max_ps(wm, _mm512_shuffle_f32x4(wm, wm, _MM_SHUFFLE(2, 3, 0, 1)));  // every lane: its block's max
+          _mm_store_ps(wmv + 4 * hk, _mm512_castps512_ps128(wm));
         }
-      }
-      for (int b = 0; b < 4; ++b) _mm512_storeu_ps(oc + 16 * b, _mm512_permutexvar_ps(to_val, of[b]));
     }
+    if (nk & 1) _mm_store_ps(wmv + 4 * nk, _mm_setzero_ps());
+    // 255 / max w: two groups to a ymm division, the heads' divisions independent (one zmm
+    // division per group, each on its head's critical path, was 14% of this kernel)
+    for (int hk = 0; hk < nk; hk += 2) {
+      const __m256 wm = _mm256_load_ps(wmv + 4 * hk);
+      _mm256_store_ps(invv + 4 * hk, _mm256_maskz_div_ps(_mm256_cmp_ps_mask(wm, _mm256_setzero_ps(), _CMP_GT_OQ), k255, wm));
+      _mm256_store_ps(Fw + 4 * hk, _mm256_mul_ps(wm, half255));
+    }
+    for (int hk = 0; hk < nk; ++hk) {
+      const __m512 inv = _mm512_broadcast_f32x4(_mm_load_ps(invv + 4 * hk));
+      const __m128i q0 = _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(wv[2 * hk], inv)));
+      const __m128i q1 = _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(wv[2 * hk + 1], inv)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(W + hk * 32),
+                         _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1), wtr));
+    }
+    for (int hh = 0; hh < nh; ++hh)
+      for (int c = 0; c < C; ++c) {
+        const int h = h0 + hh;
+        float* oc = o + size_t(h) * D + 64 * c;
+        __m512 of[4];
+        for (int b = 0; b < 4; ++b)
+          of[b] = _mm512_mul_ps(_mm512_permutexvar_ps(to_lane, _mm512_loadu_ps(oc + 16 * b)), _mm512_set1_ps(alpha[h]));
+        for (int gi = 0; gi < ng; ++gi) {
+          const int hk = hh * K + c * ng + gi;
+          const uint8_t* wg = W + hk * 32;
+          const float* f = Fw + hk * 4;
+          const __m512i* a0 = vq + (size_t(c) * 16 + 2 * gi) * 4;
+          for (int b = 0; b < 4; ++b) {
+            int32_t wa, wb;
+            __builtin_memcpy(&wa, wg + 4 * b, 4);
+            __builtin_memcpy(&wb, wg + 16 + 4 * b, 4);
+            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(wa), a0[b]);
+            acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(wb), a0[4 + b]);
+            of[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(f[b]), of[b]);
+          }
+        }
+        for (int b = 0; b < 4; ++b) _mm512_storeu_ps(oc + 16 * b, _mm512_permutexvar_ps(to_val, of[b]));
+      }
   }
+}
+
+// ---- the online softmax of a page (attention_avx2.cpp softmax_heads' operations, 16 lanes) ----
+// Per head the same values in the same order as softmax_update: the max (exact in any order),
+// m / alpha in scalar, e^(s - m) by exp256's operations lane for lane, their sum accumulated 8
+// lanes at a time in the AVX2 order (+0 for the padding lanes: exact) and hsum's tree.
+inline float hmax8(__m256 v) {  // attn_avx2::hmax
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float hsum8(__m256 v) {  // vec_avx2.h hsum
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float flush_exp1(float x) { return x < -87.0f ? 0.0f : __builtin_expf(x); }  // ops_cpu.h flush_exp
+inline __m512 exp512(__m512 x) {  // vec_avx2.h exp256, operation for operation
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(live, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+template <int HB>
+void softmax_block(int nz, float* m, float* l, const float* S, float* P, float* alpha) {
+  __m512 vmax[HB], vm[HB];
+  __m256 ps[HB];
+  for (int h = 0; h < HB; ++h) vmax[h] = _mm512_set1_ps(-__builtin_inff()), ps[h] = _mm256_setzero_ps();
+  for (int z = 0; z < nz; ++z)
+    for (int h = 0; h < HB; ++h) vmax[h] = _mm512_max_ps(vmax[h], _mm512_loadu_ps(S + h * 64 + 16 * z));
+  for (int h = 0; h < HB; ++h) {
+    const float mx = hmax8(_mm256_max_ps(_mm512_castps512_ps256(vmax[h]), _mm512_extractf32x8_ps(vmax[h], 1)));
+    const float m_new = mx > m[h] ? mx : m[h];
+    alpha[h] = m_new == m[h] && m[h] > -__builtin_inff() ? 1.0f : flush_exp1(m[h] - m_new);  // e^0 = 1 exactly
+    m[h] = m_new;
+    vm[h] = _mm512_set1_ps(m_new);
+  }
+  for (int z = 0; z < nz; ++z)
+    for (int h = 0; h < HB; ++h) {
+      const __m512 x = _mm512_loadu_ps(S + h * 64 + 16 * z);
+      const __mmask16 valid = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_OQ);
+      const __m512 e = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(x, vm[h])));
+      _mm512_storeu_ps(P + h * 64 + 16 * z, e);
+      ps[h] = _mm256_add_ps(ps[h], _mm512_castps512_ps256(e));
+      ps[h] = _mm256_add_ps(ps[h], _mm512_extractf32x8_ps(e, 1));
+    }
+  for (int h = 0; h < HB; ++h) l[h] = __builtin_fmaf(l[h], alpha[h], hsum8(ps[h]));
 }
 
 }  // namespace
@@ -196,5 +278,21 @@ bool nvfp4_page_pv_avx512(const uint8_t* v, size_t ts, int n, int D, const uint1
   return true;
 }
 
+}  // namespace kvdeck::cpu
+
+namespace kvdeck::cpu {
+void softmax_heads_avx512(int G, int n, float* m, float* l, float* S, float* P, float* alpha) {
+  const int nz = (n + 15) / 16;
+  for (int h = 0; h < G; ++h)
+    for (int j = n; j < 16 * nz; ++j) S[h * 64 + j] = -__builtin_inff();
+  for (int h = 0; h < G;) {
+    const int r = G - h >= 4 ? 4 : G - h;
+    if (r == 4) softmax_block<4>(nz, m + h, l + h, S + h * 64, P + h * 64, alpha + h);
+    else if (r == 3) softmax_block<3>(nz, m + h, l + h, S + h * 64, P + h * 64, alpha + h);
+    else if (r == 2) softmax_block<2>(nz, m + h, l + h, S + h * 64, P + h * 64, alpha + h);
+    else softmax_block<1>(nz, m + h, l + h, S + h * 64, P + h * 64, alpha + h);
+    h += r;
+  }
+}
 }  // namespace kvdeck::cpu
 #endif  // __x86_64__

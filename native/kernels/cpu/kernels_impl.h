@@ -82,6 +82,9 @@ bool avx512_active();
 // the same integers and float operations; P·V: attention_nvfp4_pv_ref's).
 void nvfp4_page_scores_avx512(const int8_t* q8, const float* qs, const int32_t* qc, int G, int D, const uint8_t* k,
                               size_t ts, int n, const uint16_t* ks, float* S);
+// softmax_heads (attention_avx2.cpp: a page's online softmax for G heads, S / P [G][64], S past
+// n set to -inf) in 16 lanes, bit for bit; S past n is padded to a multiple of 16 keys.
+void softmax_heads_avx512(int G, int n, float* m, float* l, float* S, float* P, float* alpha);
 bool nvfp4_page_pv_avx512(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int G, const float* P,
                           int ldp, const float* alpha, float* o);
 // Page-sharing rows of one segment, flash style (attention_prefill_avx2.cpp): false when D
