@@ -187,20 +187,43 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
       const size_t at0 = (size_t(page) * B * kv.nkv + g0) * rb;
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.k) + at0, ts, rb, g1 - g0, n, n8, D, ksk);
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n8, D, ksv);
+      // avx512vnni: every KV head's scores, one softmax over all (KV head, query head) rows
+      // (their chains interleaved 4 at a time; m / l gathered and put back), then each head's
+      // P·V. Per row the same operations as one KV head at a time: the same bits.
+      const bool batch = z512 && (g1 - g0) * G <= 64;
+      float alpha[64];
+      if (batch) {
+        for (int g = g0; g < g1; ++g) {
+          pf.step(lines);
+          page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
+                      qc.data() + size_t(g - g0) * G * (D / 8), G, D,
+                      static_cast<const uint8_t*>(kv.k) + (size_t(page) * B * kv.nkv + g) * rb, ts, n,
+                      ksk + (g - g0) * kss, S + (g - g0) * G * 64);
+        }
+        float mb[64], lb[64];
+        for (int g = g0; g < g1; ++g)
+          for (int h = 0; h < G; ++h) mb[(g - g0) * G + h] = m[(g - g0) * mg + h], lb[(g - g0) * G + h] = l[(g - g0) * mg + h];
+        softmax_heads_avx512((g1 - g0) * G, n, mb, lb, S, P, alpha);
+        for (int g = g0; g < g1; ++g)
+          for (int h = 0; h < G; ++h) m[(g - g0) * mg + h] = mb[(g - g0) * G + h], l[(g - g0) * mg + h] = lb[(g - g0) * G + h];
+      }
       for (int g = g0; g < g1; ++g) {
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
         const uint16_t* ks = ksv + (g - g0) * vss;
-        pf.step(lines);
-        page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
-                                     qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
-        float alpha[64];
-        (z512 ? softmax_heads_avx512 : softmax_heads)(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
-        if (int_v && page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
+        float* Pg = batch ? P + (g - g0) * G * 64 : P;
+        float* ag = batch ? alpha + (g - g0) * G : alpha;
+        if (!batch) {
+          pf.step(lines);
+          page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
+                      qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
+          (z512 ? softmax_heads_avx512 : softmax_heads)(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
+        }
+        if (int_v && page_pv(V, ts, n, D, ks, G, Pg, 64, ag, o + (g - g0) * og))
           continue;  // o += P·V on the codes
         attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
-        pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);
+        pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, Pg, ag);
       }
       continue;
     }

@@ -135,8 +135,17 @@ void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, const f
   constexpr int HB = 4;  // heads whose weights are made together (their divisions pipeline)
   alignas(64) uint8_t W[HB * 16 * 32];     // [head][k][quad][block][token] weights
   alignas(64) float Fw[HB * 16 * 4 + 4];   // [head][k][block] wm · 0.5/255
-  alignas(64) float wmv[HB * 16 * 4 + 4], invv[HB * 16 * 4 + 4];  // [head][k][block] max w, 255 / max w
+  alignas(64) float invv[HB * 16 * 4 + 4];  // [head][k][block] 255 / max w
+  __m128 wmr[HB * 16 + 1];                   // [head][k] max w per block (registers / same-size spills:
+                                             // two xmm stores read back as a ymm cannot be forwarded)
   alignas(64) __m512 wv[HB * 16 * 2];      // [head][k][tokens 0-3, 4-7] w
+  alignas(64) __m512 sf[16 * 2];           // [k][tokens 0-3, 4-7] the block scales (every head's)
+  for (int c = 0; c < C; ++c)  // (s/256)·256 exactly, so p·s rounds as (p·256)·(s/256) did
+    for (int gi = 0; gi < ng; ++gi) {
+      const __m512i sc = _mm512_loadu_si512(ks + (size_t(c) * n8 + 8 * gi) * 4);
+      sf[2 * (c * ng + gi)] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(sc)), _mm512_set1_ps(256.0f));
+      sf[2 * (c * ng + gi) + 1] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1)), _mm512_set1_ps(256.0f));
+    }
   for (int h0 = 0; h0 < G; h0 += HB) {
     const int nh = G - h0 < HB ? G - h0 : HB, nk = nh * K;
     for (int hh = 0; hh < nh; ++hh) {
@@ -145,22 +154,21 @@ void pv_c(const uint8_t* v, size_t ts, int n, const uint16_t* ks, int G, const f
         for (int gi = 0; gi < ng; ++gi) {
           const int g0 = 8 * gi, hk = hh * K + c * ng + gi;
           // w = p_t · s_tb for the group's 8 tokens x 4 blocks (lane m: token m / 4, block m % 4)
-          const __m512 p8 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ph + g0), _mm256_set1_ps(256.0f)));
-          const __m512i sc = _mm512_loadu_si512(ks + (size_t(c) * n8 + g0) * 4);
-          const __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(pi0, p8), _mm512_cvtph_ps(_mm512_castsi512_si256(sc)));
-          const __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(pi1, p8), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc, 1)));
+          const __m512 p8 = _mm512_castps256_ps512(_mm256_loadu_ps(ph + g0));
+          const __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(pi0, p8), sf[2 * (c * ng + gi)]);
+          const __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(pi1, p8), sf[2 * (c * ng + gi) + 1]);
           wv[2 * hk] = w0, wv[2 * hk + 1] = w1;
           __m512 wm = _mm512_max_ps(w0, w1);
           wm = _mm512_max_ps(wm, _mm512_shuffle_f32x4(wm, wm, _MM_SHUFFLE(1, 0, 3, 2)));
           wm = _mm512_max_ps(wm, _mm512_shuffle_f32x4(wm, wm, _MM_SHUFFLE(2, 3, 0, 1)));  // every lane: its block's max
-          _mm_store_ps(wmv + 4 * hk, _mm512_castps512_ps128(wm));
+          wmr[hk] = _mm512_castps512_ps128(wm);
         }
     }
-    if (nk & 1) _mm_store_ps(wmv + 4 * nk, _mm_setzero_ps());
+    if (nk & 1) wmr[nk] = _mm_setzero_ps();
     // 255 / max w: two groups to a ymm division, the heads' divisions independent (one zmm
     // division per group, each on its head's critical path, was 14% of this kernel)
     for (int hk = 0; hk < nk; hk += 2) {
-      const __m256 wm = _mm256_load_ps(wmv + 4 * hk);
+      const __m256 wm = _mm256_insertf128_ps(_mm256_castps128_ps256(wmr[hk]), wmr[hk + 1], 1);
       _mm256_store_ps(invv + 4 * hk, _mm256_maskz_div_ps(_mm256_cmp_ps_mask(wm, _mm256_setzero_ps(), _CMP_GT_OQ), k255, wm));
       _mm256_store_ps(Fw + 4 * hk, _mm256_mul_ps(wm, half255));
     }
