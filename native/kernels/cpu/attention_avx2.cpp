@@ -7,8 +7,11 @@
 // running max / sum update per head, then o = o·alpha + Σ p_t v_t up to three heads at a time.
 // f16 pages are read in place (F16C in registers). nvfp4 pages (attention_scores_int8) are
 // scored with integer dot products on the codes (attention_nvfp4_avx2.cpp) and their V rows
-// widened once per page into an f32 tile the G heads share. A segment's pages are walked once
-// for all KV heads (contiguous reads), the page after next prefetched a few lines at a time.
+// widened once per page into an f32 tile the G heads share. While the avx512vnni set is active
+// (cpu::avx512_active) nvfp4 pages run attention_nvfp4_avx512.cpp's scores, softmax and P·V
+// instead, every KV head's softmax of a page in one call: the same bits as this file's. A
+// segment's pages are walked once for all KV heads (contiguous reads), the page after next
+// prefetched a few lines at a time.
 // The prefill kernel (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows
 // (summation tree, softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4
 // pages decode differs from it by q's int8 rounding (ops_cpu.h).

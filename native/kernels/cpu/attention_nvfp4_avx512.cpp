@@ -1,7 +1,8 @@
 // attention_nvfp4_avx512.cpp — decode attention over NVFP4 KV pages on AVX-512 BW + VNNI (the
 // avx512vnni kernel set; compiled with -mavx512f/bw/vl/dq/vnni; reached only while that set is
-// active, cpu::avx512_active()). The page's scores and its P·V; attention_avx2.cpp's decode
-// loop (segment_heads) calls them in place of attention_nvfp4_avx2.cpp's, with the same block
+// active, cpu::avx512_active()). A page's scores, its online softmax and its P·V;
+// attention_avx2.cpp's decode loop (segment_heads) calls them in place of its own and
+// attention_nvfp4_avx2.cpp's, so decode gives the avx2 set's bits. The same block
 // scales (nvfp4_page_scales_heads, [D/64][n8][4] f16 of the value / 256) and the same q8 / qs /
 // qc (quantize_q_int8).
 //
@@ -15,6 +16,7 @@
 // the same float operations; the sums are exact integers): four token rows' codes interleaved per
 // value (a dword per value: one vpdpbusd adds 4 tokens' W·2·e2m1), one zmm per block of 16
 // values, so a block's weights are one broadcast dword; 8 tokens per f32 FMA as before.
+// Softmax: softmax_update's operations per row in 16 lanes (below).
 //
 // Nothing from a shared header's inline functions is used here (an AVX-512 copy of one could be
 // the one the linker keeps for the AVX2 / portable callers).
