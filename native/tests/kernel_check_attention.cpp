@@ -184,7 +184,7 @@ void check_attention_paths(int D, int G) {
 // it) against the scalar reference bit for bit, and both within the stated rounding bound of a
 // float64 P·V (ops_cpu.h attention_nvfp4_pv_ref). P spans 1e-6..1 with zeros; rows include
 // subnormal, NaN (read as 0) and, on one pass, negative block scales (the reference's path).
-void check_nvfp4_pv() {
+void check_nvfp4_pv(const std::string& isa) {
   int differ = 0;
   double worst = 0.0;
   for (int D : {64, 128})
@@ -227,12 +227,61 @@ void check_nvfp4_pv() {
             worst = std::max(worst, std::fabs(a[size_t(h) * D + i] - exact) / bound);
           }
       }
-  check(differ == 0, "attention_nvfp4_pv: " + std::to_string(differ) + " cases differ from the reference");
-  check(worst <= 1.0, "attention_nvfp4_pv: error " + std::to_string(worst) + " of the stated bound");
+  check(differ == 0, isa + " attention_nvfp4_pv: " + std::to_string(differ) + " cases differ from the reference");
+  check(worst <= 1.0, isa + " attention_nvfp4_pv: error " + std::to_string(worst) + " of the stated bound");
+}
+
+// Decode over NVFP4 pages on the avx512vnni set (attention_nvfp4_avx512.cpp) against the avx2
+// set, bit for bit: the same integer scores and float operations, the same P·V contract. Pages
+// of 16, 24 (a tail of 8 keys in the 16-key tiles) and 64 rows, partial last pages, G 1-8, D 64 /
+// 128, rows with subnormal and NaN block scales. Skipped (reported) without AVX-512 VNNI.
+void check_nvfp4_isas() {
+  if (!cpu_supports("avx512vnni") || !cpu_supports("avx2")) {
+    std::printf("kernel_check: nvfp4 decode avx512vnni == avx2 skipped (no AVX-512 VNNI)\n");
+    return;
+  }
+  const std::string before = kernel_isa();
+  int differ = 0, cases = 0;
+  for (int D : {64, 128})
+    for (int block : {16, 24, 64})
+      for (int G : {1, 3, 4, 8})
+        for (int ctx : {5, 37, 300}) {
+          const int nkv = 2, n_pages = (ctx + block - 1) / block + 1;
+          const size_t rb = kv_row_bytes(KvDType::NVFP4, D), rows = size_t(n_pages) * block * nkv;
+          std::vector<uint8_t> k(rows * rb), v(rows * rb);
+          std::vector<float> x(D);
+          for (size_t r = 0; r < rows; ++r)
+            for (int pass = 0; pass < 2; ++pass) {
+              for (auto& e : x) e = rand_normal() * (r % 7 == 3 ? 0.01f : 1.0f) * (pass ? 1.0f : 2.0f);
+              uint8_t* row = (pass ? v : k).data() + r * rb;
+              cpu::kv_nvfp4_encode_row(x.data(), D, row);
+              if (r % 11 == 5) row[D / 2 + 1] = pass ? 0xFF : 0x7F;
+            }
+          std::vector<int32_t> pages(n_pages);
+          for (int p = 0; p < n_pages; ++p) pages[p] = n_pages - 1 - p;
+          std::vector<float> q(size_t(G) * D);
+          for (auto& e : q) e = rand_normal();
+          cpu::KvView kv{k.data(), v.data(), KvDType::NVFP4, block, nkv, D, pages.data()};
+          if (!cpu::attention_scores_int8(kv)) continue;
+          std::vector<float> work(cpu::attention_work_floats(G, ctx, block, D)), a(size_t(G) * D), b(a.size());
+          const float scale = 1.0f / std::sqrt(float(D));
+          for (int g = 0; g < nkv; ++g) {
+            set_kernel_isa("avx2");
+            cpu::attention_query(kv, g, q.data(), G, ctx, scale, a.data(), work.data());
+            set_kernel_isa("avx512vnni");
+            cpu::attention_query(kv, g, q.data(), G, ctx, scale, b.data(), work.data());
+            differ += std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) != 0;
+            ++cases;
+          }
+        }
+  set_kernel_isa(before.c_str());
+  check(cases > 0 && differ == 0, "nvfp4 decode: avx512vnni differs from avx2 in " + std::to_string(differ) + " of " +
+                                      std::to_string(cases) + " cases");
 }
 
 void check_attention() {
-  check_nvfp4_pv();
+  const std::string isa = kernel_isa();
+  check_nvfp4_pv(isa);
   const int block = 16, nkv = 2, D = 64, G = 2, ctx = 300, n_pages = (ctx + block - 1) / block;
   const float scale = 1.0f / std::sqrt(float(D));
   std::vector<float> k(size_t(n_pages) * block * nkv * D), v(k.size()), q(size_t(G) * D), out(size_t(G) * D);
@@ -268,6 +317,11 @@ void check_attention() {
   check(worst < 2e-5, "attention_query (f32 KV, 300 tokens, 2 segments): error " + std::to_string(worst));
   check_attention_paths(64, 3);
   check_attention_paths(128, 4);
+  // (after the checks above, which keep the random inputs they were stated on)
+  for (const char* other : {"avx2", "avx512vnni"})  // the P·V on each other x86 set
+    if (isa != other && set_kernel_isa(other)) check_nvfp4_pv(other);
+  set_kernel_isa(isa.c_str());
+  check_nvfp4_isas();
 }
 
 }  // namespace kc

@@ -261,3 +261,27 @@ def test_bench_attention_validates_and_counts_the_bytes_a_step_reads():
     assert bench.copy_bandwidth(2, nbytes=8 << 20, reps=1) > 1e8  # the 2-thread roofline's copy
     secs, out = _native.BackendOps("cpu", 1).attention_timing(9, 3, 64, 99, 1, kv="nvfp4", layers=2, repeat=2)
     assert len(secs) == 2 and all(s > 0 for s in secs) and out.shape == (1, 576) and np.isfinite(out).all()
+
+
+@pytest.mark.skipif(not (K_.cpu_supports("avx512vnni") and K_.cpu_supports("avx2")),
+                    reason="no AVX-512 VNNI (e.g. Zen 3): the avx512vnni set is not offered")
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("p0", [0, 36, 700, 2047])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nvfp4_decode_avx512_equals_avx2_bitwise(shape, p0, threads):
+    """Decode over nvfp4 pages on the avx512vnni set (attention_nvfp4_avx512.cpp: vpdpbusd scores
+    with the AVX2 kernel's integers and float operations, the page softmax in 16 lanes, the P·V
+    contract of attention_nvfp4_pv_ref) gives the avx2 set's output bit for bit."""
+    nh, nkv, D = shape
+    q, k, v = _inputs(91 + p0, p0, 1, nh, nkv, D)
+    ops = _native.BackendOps("cpu", threads)
+    before = K_.kernel_isa()
+    try:
+        out = {}
+        for isa in ("avx2", "avx512vnni"):
+            assert K_.set_kernel_isa(isa)
+            out[isa] = ops.attention(q, k, v, p0, "nvfp4")
+    finally:
+        K_.set_kernel_isa(before)
+    assert np.array_equal(out["avx2"], out["avx512vnni"])
+    assert np.abs(out["avx2"]).max() > 0

@@ -87,6 +87,7 @@ void attention_segment_heads(const KvView& kv, int g0, int g1, const float* q, s
 // d times the E4M3 block scale (attention_nvfp4_avx2.cpp), so decode differs from the f32
 // scores of attention_queries / attention_segment_ref by q's rounding (<= amax/254 per value).
 // Their V side then runs on the codes too (attention_nvfp4_pv) unless attention_int_v() is off.
+// The avx512vnni set runs AVX-512 BW + VNNI page kernels for both, bit for bit the AVX2 ones.
 bool attention_scores_int8(const KvView& kv);
 // Whether decode over such pages adds P·V on the codes (KVDECK_ATTN_INT_V=0: V widened to f32
 // and float FMAs, the exact P·V; read once).

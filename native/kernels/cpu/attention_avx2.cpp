@@ -7,8 +7,11 @@
 // running max / sum update per head, then o = o·alpha + Σ p_t v_t up to three heads at a time.
 // f16 pages are read in place (F16C in registers). nvfp4 pages (attention_scores_int8) are
 // scored with integer dot products on the codes (attention_nvfp4_avx2.cpp) and their V rows
-// widened once per page into an f32 tile the G heads share. A segment's pages are walked once
-// for all KV heads (contiguous reads), the page after next prefetched a few lines at a time.
+// widened once per page into an f32 tile the G heads share. While the avx512vnni set is active
+// (cpu::avx512_active) nvfp4 pages run attention_nvfp4_avx512.cpp's scores, softmax and P·V
+// instead, every KV head's softmax of a page in one call: the same bits as this file's. A
+// segment's pages are walked once for all KV heads (contiguous reads), the page after next
+// prefetched a few lines at a time.
 // The prefill kernel (attention_prefill_avx2.cpp) runs the same arithmetic on f32 / f16 rows
 // (summation tree, softmax_update, pv_rows), so there prefill == decode bit for bit; over nvfp4
 // pages decode differs from it by q's int8 rounding (ops_cpu.h).
@@ -152,6 +155,9 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
   // nvfp4 pages (D 64 / 128, whole groups of 8 rows): q quantised once per segment and KV head
   const bool int8_scores = attention_scores_int8(kv);  // (and this kernel's G <= 64)
   const bool int_v = int8_scores && attention_int_v();
+  const bool z512 = int8_scores && avx512_active();  // the avx512vnni set: its page kernels (same bits)
+  auto page_scores = z512 ? nvfp4_page_scores_avx512 : attn_avx2::nvfp4_page_scores;
+  auto page_pv = z512 ? nvfp4_page_pv_avx512 : attn_avx2::nvfp4_page_pv;
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> qs;
   thread_local std::vector<int32_t> qc;
@@ -184,20 +190,43 @@ void segment_heads(const KvView& kv, int g0, int g1, const float* q, size_t qg, 
       const size_t at0 = (size_t(page) * B * kv.nkv + g0) * rb;
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.k) + at0, ts, rb, g1 - g0, n, n8, D, ksk);
       attn_avx2::nvfp4_page_scales_heads(static_cast<const uint8_t*>(kv.v) + at0, ts, rb, g1 - g0, n, n8, D, ksv);
+      // avx512vnni: every KV head's scores, one softmax over all (KV head, query head) rows
+      // (their chains interleaved 4 at a time; m / l gathered and put back), then each head's
+      // P·V. Per row the same operations as one KV head at a time: the same bits.
+      const bool batch = z512 && (g1 - g0) * G <= 64;
+      float alpha[64];
+      if (batch) {
+        for (int g = g0; g < g1; ++g) {
+          pf.step(lines);
+          page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
+                      qc.data() + size_t(g - g0) * G * (D / 8), G, D,
+                      static_cast<const uint8_t*>(kv.k) + (size_t(page) * B * kv.nkv + g) * rb, ts, n,
+                      ksk + (g - g0) * kss, S + (g - g0) * G * 64);
+        }
+        float mb[64], lb[64];
+        for (int g = g0; g < g1; ++g)
+          for (int h = 0; h < G; ++h) mb[(g - g0) * G + h] = m[(g - g0) * mg + h], lb[(g - g0) * G + h] = l[(g - g0) * mg + h];
+        softmax_heads_avx512((g1 - g0) * G, n, mb, lb, S, P, alpha);
+        for (int g = g0; g < g1; ++g)
+          for (int h = 0; h < G; ++h) m[(g - g0) * mg + h] = mb[(g - g0) * G + h], l[(g - g0) * mg + h] = lb[(g - g0) * G + h];
+      }
       for (int g = g0; g < g1; ++g) {
         const size_t at = (size_t(page) * B * kv.nkv + g) * rb;
         const uint8_t* K = static_cast<const uint8_t*>(kv.k) + at;
         const uint8_t* V = static_cast<const uint8_t*>(kv.v) + at;
         const uint16_t* ks = ksv + (g - g0) * vss;
-        pf.step(lines);
-        attn_avx2::nvfp4_page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
-                                     qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
-        float alpha[64];
-        softmax_heads(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
-        if (int_v && attn_avx2::nvfp4_page_pv(V, ts, n, D, ks, G, P, 64, alpha, o + (g - g0) * og))
+        float* Pg = batch ? P + (g - g0) * G * 64 : P;
+        float* ag = batch ? alpha + (g - g0) * G : alpha;
+        if (!batch) {
+          pf.step(lines);
+          page_scores(q8.data() + size_t(g - g0) * G * D, qs.data() + size_t(g - g0) * G * (D / 8),
+                      qc.data() + size_t(g - g0) * G * (D / 8), G, D, K, ts, n, ksk + (g - g0) * kss, S);
+          (z512 ? softmax_heads_avx512 : softmax_heads)(G, n, m + (g - g0) * mg, l + (g - g0) * mg, S, P, alpha);
+        }
+        if (int_v && page_pv(V, ts, n, D, ks, G, Pg, 64, ag, o + (g - g0) * og))
           continue;  // o += P·V on the codes
         attn_avx2::nvfp4_page_rows(V, ts, n, D, ks, n8, vtile);
-        pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, P, alpha);
+        pv_heads<D>(G, static_cast<const float*>(vtile), D, n, o + (g - g0) * og, Pg, ag);
       }
       continue;
     }

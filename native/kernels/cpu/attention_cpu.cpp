@@ -168,6 +168,7 @@ void attention_nvfp4_pv(const uint8_t* v, size_t ts, int n, int D, int G, const 
                         const float* alpha, float* o) {
 #if defined(__x86_64__)
   static const bool avx2 = cpu_supports("avx2");
+  if (avx2 && avx512_active() && attention_nvfp4_pv_avx512(v, ts, n, D, G, P, ldp, alpha, o)) return;
   if (avx2 && attention_nvfp4_pv_avx2(v, ts, n, D, G, P, ldp, alpha, o)) return;
 #endif
   attention_nvfp4_pv_ref(v, ts, n, D, G, P, ldp, alpha, o);

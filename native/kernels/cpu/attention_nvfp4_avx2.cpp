@@ -309,5 +309,13 @@ bool attention_nvfp4_pv_avx2(const uint8_t* v, size_t ts, int n, int D, int G, c
   attn_avx2::nvfp4_page_scales(v, ts, n, (n + 7) / 8 * 8, D, ks);
   return attn_avx2::nvfp4_page_pv(v, ts, n, D, ks, G, P, ldp, alpha, o);
 }
+
+bool attention_nvfp4_pv_avx512(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                               const float* alpha, float* o) {
+  if ((D != 64 && D != 128) || n < 1 || n > 64) return false;
+  alignas(32) uint16_t ks[2 * 64 * 4];
+  attn_avx2::nvfp4_page_scales(v, ts, n, (n + 7) / 8 * 8, D, ks);
+  return nvfp4_page_pv_avx512(v, ts, n, D, ks, G, P, ldp, alpha, o);
+}
 }  // namespace kvdeck::cpu
 #endif  // __x86_64__

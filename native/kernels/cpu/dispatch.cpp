@@ -63,6 +63,12 @@ std::atomic<const cpu::KernelSet*>& active() {
 
 }  // namespace
 
+#if defined(__x86_64__)
+bool cpu::avx512_active() {  // (avx512_kernels() lives in an AVX-512 file: not called without the CPU for it)
+  static const bool can = cpu_supports("avx512vnni");
+  return can && active().load(std::memory_order_relaxed) == &cpu::avx512_kernels();
+}
+#endif
 #if defined(__aarch64__)
 bool cpu::neon_active() { return active().load(std::memory_order_relaxed) == &cpu::neon_kernels(); }
 #endif

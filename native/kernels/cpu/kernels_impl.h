@@ -71,6 +71,22 @@ void attention_heads_avx2(const KvView& kv, int g0, int g1, const float* q, size
 // D is 64 or 128, n <= 64 and no block scale is negative.
 bool attention_nvfp4_pv_avx2(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
                              const float* alpha, float* o);
+// The same on AVX-512 (attention_nvfp4_avx2.cpp: the AVX2 block scales, the AVX-512 P·V).
+bool attention_nvfp4_pv_avx512(const uint8_t* v, size_t ts, int n, int D, int G, const float* P, int ldp,
+                               const float* alpha, float* o);
+// The avx512vnni set is the active one: decode over NVFP4 pages (attention_avx2.cpp's
+// segment_heads, attention_nvfp4_pv) then runs the AVX-512 page kernels below.
+bool avx512_active();
+// NVFP4 page scores and P·V on AVX-512 BW + VNNI (attention_nvfp4_avx512.cpp): the contracts of
+// attn_avx2::nvfp4_page_scores / nvfp4_page_pv (attention_avx2.h), and their bits (the scores:
+// the same integers and float operations; P·V: attention_nvfp4_pv_ref's).
+void nvfp4_page_scores_avx512(const int8_t* q8, const float* qs, const int32_t* qc, int G, int D, const uint8_t* k,
+                              size_t ts, int n, const uint16_t* ks, float* S);
+// softmax_heads (attention_avx2.cpp: a page's online softmax for G heads, S / P [G][64], S past
+// n set to -inf) in 16 lanes, bit for bit; S past n is padded to a multiple of 16 keys.
+void softmax_heads_avx512(int G, int n, float* m, float* l, float* S, float* P, float* alpha);
+bool nvfp4_page_pv_avx512(const uint8_t* v, size_t ts, int n, int D, const uint16_t* ks, int G, const float* P,
+                          int ldp, const float* alpha, float* o);
 // Page-sharing rows of one segment, flash style (attention_prefill_avx2.cpp): false when D
 // has no AVX2 kernel.
 bool attention_rows_avx2(const KvView& kv, int g, int R, const float* const* q, const int* end, int t0,
