@@ -159,13 +159,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       if (e != cudaErrorInvalidValue) return check(e, "matmul (tensor cores)");
       cudaGetLastError();  // a shape the tile kernel refuses (alignment): the GEMV chunks below
     }
-    const int cfg1 = w.Kp >= 8192 ? gemv_down_ : w.N <= 8192 ? gemv_o_ : 0;  // backend_cuda_state.h
-    if (M == 1 && cfg1 && xq.valid && (w.dtype == DType::NVFP4 || (w.dtype == DType::W4A8 && !w.mins))) {
-      const cuda::GemvWeight g{static_cast<const uint8_t*>(w.data), w.scales, w.tscale, w.N, y};
-      return check(cuda::gemv_many_m1(w.dtype == DType::NVFP4 ? 0 : 1, &g, 1, w.group, Kp, xq.act.q, xq.act.d,
-                                      xq.act.s, st_, pdl_, cfg1),
-                   "matmul (batch 1)");
-    }
     for (int m0 = 0; m0 < M; m0 += 8) {
       const int R = std::min(8, M - m0);
       float* yr = y + size_t(m0) * ldy;
@@ -219,9 +212,8 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
               outs[i].y};
     // gate/up of long rows: four chunks a lane, not pipelined (kernels_cuda.h gemv_many_m1)
     const bool u4 = n == 2 && (gemv_gu_u4_ > 0 || (gemv_gu_u4_ < 0 && w0.Kp >= 2048));
-    const int cfg = u4 ? 1 : n == 3 ? gemv_qkv_ : 0;
     check(cuda::gemv_many_m1(w0.dtype == DType::NVFP4 ? 0 : 1, g, n, w0.group, w0.Kp, xq.act.q, xq.act.d, xq.act.s,
-                             st_, pdl_, cfg),
+                             st_, pdl_, u4),
           "matmul (batch 1)");
   }
   void add_bias(float* x, const float* b, int M, int n, int ld) override {

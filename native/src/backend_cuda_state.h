@@ -161,17 +161,6 @@ class CudaState {
     const char* e = std::getenv("KVDECK_CUDA_GEMV_GU");
     return e && *e ? (e[0] == '0' ? 0 : 1) : -1;
   }();
-  // Batch-1 GEMV configuration of the q/k/v launch (gemv_many_m1 of three weights) and of
-  // single-weight launches: o (Kp < 8192, N <= 8192: also SmolLM2's down) and down (Kp >= 8192):
-  // KVDECK_CUDA_GEMV_QKV / _O / _DOWN = u4 (four chunks a lane, not pipelined) or u4p (four,
-  // the next four in flight); unset: the default two chunks pipelined (gemv.cu launch_m1). The
-  // same sums in the same order. A/B arms of session 10 (decode_ab.py).
-  static int gemv_cfg_env(const char* name) {
-    const char* e = std::getenv(name);
-    return !e ? 0 : std::string(e) == "u4" ? 1 : std::string(e) == "u4p" ? 2 : 0;
-  }
-  int gemv_qkv_ = gemv_cfg_env("KVDECK_CUDA_GEMV_QKV"), gemv_o_ = gemv_cfg_env("KVDECK_CUDA_GEMV_O"),
-      gemv_down_ = gemv_cfg_env("KVDECK_CUDA_GEMV_DOWN");
 };
 
 }  // namespace kvdeck::cuda_backend

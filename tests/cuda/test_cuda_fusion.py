@@ -90,15 +90,3 @@ def test_gate_up_u4_equals_pipelined(monkeypatch, capfd):
     for a, b in zip(u4, u2):
         np.testing.assert_array_equal(a, b)
 
-
-@pytest.mark.parametrize("env", [{"KVDECK_CUDA_GEMV_QKV": "u4"}, {"KVDECK_CUDA_GEMV_QKV": "u4p"},
-                                 {"KVDECK_CUDA_GEMV_O": "u4"}, {"KVDECK_CUDA_GEMV_O": "u4p"}])
-def test_gemv_site_configs_equal_default(monkeypatch, capfd, env):
-    """The batch-1 GEMV configurations per call site (backend_cuda_state.h: q/k/v, o and the
-    short down of SmolLM2 at four chunks a lane, pipelined or not) sum each row in the default's
-    order: the same kernels and the same logits bit for bit."""
-    k1, _, _, a = _captured_step(monkeypatch, capfd, "f16", env)
-    k0, _, _, b = _captured_step(monkeypatch, capfd, "f16", {})
-    assert k1 == k0
-    for x, y in zip(a, b):
-        np.testing.assert_array_equal(x, y)

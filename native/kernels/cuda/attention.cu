@@ -292,7 +292,7 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
   const float sl2 = scale * 1.4426950408889634f;  // log2(e)
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   const bool fused = n_splits <= kAttnFusedSplits && G <= 3 && attn_fused_on();
-  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D)};
+  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
   cudaError_t err;
   if (kv.format == KvFormat::F16)
     err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)

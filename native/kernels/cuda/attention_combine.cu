@@ -118,10 +118,14 @@ namespace detail {
 // bound fitted to these two shapes, not measured between them). KVDECK_CUDA_COMBINE_TRIGGER=0 / 1
 // forces it off / on (A/B; read at every launch, so a graph records what its capture ran under).
 // Without q8 no trigger: the next kernel, quantize_act_q8, starts at the end, as before.
-bool combine_trigger(int K) {
+// The fused kernel (attention_impl.cuh) triggers after its main loop for every K, measured both
+// ways in session 10 (decode_ab.py, one call, interleaved): SmolLM2 552.3 µs/token with it
+// against 580.0 without, the 8B (K 4,096) 1,834.8 against 1,863.5 (its o GEMV no longer follows a
+// 256-block combine kernel but a kernel of 8 blocks).
+bool combine_trigger(int K, bool fused) {
   const char* e = std::getenv("KVDECK_CUDA_COMBINE_TRIGGER");
   if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return K <= 2048;
+  return fused || K <= 2048;
 }
 
 // KVDECK_CUDA_ATTN_FUSED=0: the split kernel + combine pair at every max_ctx (A/B; read at every
@@ -138,7 +142,7 @@ cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int spl
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && D % 32 != 0))
     return cudaErrorInvalidValue;
   return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
-                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger(n_heads * D));
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger(n_heads * D, false));
 }
 }  // namespace detail
 

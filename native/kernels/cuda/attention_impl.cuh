@@ -54,7 +54,7 @@ __device__ __forceinline__ float attn_fresh_score(const AttnFresh& f, int h, int
 // kAttnFusedSplits x kAttnWarps warps per KV head runs every split of it (warps w of split w / 4,
 // each as the split kernel's block would) and then the combine, so no combine kernel runs.
 // out / f / q8 as launch_attn_combine's; trigger: the block triggers its dependents after its
-// main loop (combine_trigger's rule for the q8-writing combine).
+// main loop (combine_trigger's rule).
 constexpr int kAttnFusedSplits = 4;
 struct AttnTail {
   float* out = nullptr;
@@ -63,9 +63,9 @@ struct AttnTail {
   bool trigger = false;
 };
 
-// Whether the q8-writing combine (or fused tail) triggers the o GEMV early, for an o input of
-// K = n_heads * D values (attention_combine.cu: the measured rule and its switch).
-bool combine_trigger(int K);
+// Whether the q8-writing combine (fused: the fused kernel) triggers the o GEMV early, for an o
+// input of K = n_heads * D values (attention_combine.cu: the measured rule and its switch).
+bool combine_trigger(int K, bool fused);
 // Whether the fused kernel may run (KVDECK_CUDA_ATTN_FUSED=0: never; attention_combine.cu).
 bool attn_fused_on();
 

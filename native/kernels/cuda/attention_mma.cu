@@ -345,7 +345,7 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
   const float sl2 = scale * 1.4426950408889634f;
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   const bool fused = n_splits <= kAttnFusedSplits && kv.format == KvFormat::NVFP4 && G <= 4 && attn_fused_on();
-  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D)};
+  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
   cudaError_t err;
   if (kv.format == KvFormat::NVFP4)
     err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)

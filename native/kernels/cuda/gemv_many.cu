@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 10) gemv_many_kernel(const Ge
 }  // namespace
 
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
-                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl, int cfg) {
-  if (cfg < 0 || cfg > 2 || n < 1 || n > kGemvManyMax || Kp < 32 || Kp % 32 != 0 || (fmt == 1 && (group < 32 || group % 32 || Kp % group)))
+                         const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl, bool u4) {
+  if (n < 1 || n > kGemvManyMax || Kp < 32 || Kp % 32 != 0 || (fmt == 1 && (group < 32 || group % 32 || Kp % group)))
     return cudaErrorInvalidValue;
   GemvMany g{};
   g.n = n;
@@ -48,15 +48,13 @@ cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp,
     g.first[i + 1] = g.first[i] + (w[i].N + kGemvWarps - 1) / kGemvWarps;  // R = 1: a warp per row
   }
   const dim3 grid(g.first[n]), block(kGemvWarps * 32);
-  // cfg 1: four chunks a lane loaded together, not pipelined (the 8B's gate/up; kernels_cuda.h)
+  // u4: four chunks a lane loaded together, not pipelined (the 8B's gate/up; kernels_cuda.h)
   if (fmt == 0)
-    return cfg == 1   ? launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 4, false>, grid, block, stream, pdl, g)
-           : cfg == 2 ? launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 4, true>, grid, block, stream, pdl, g)
-                      : launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 2, true>, grid, block, stream, pdl, g);
+    return u4 ? launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 4, false>, grid, block, stream, pdl, g)
+              : launch_kernel(gemv_many_kernel<Fmt::Nvfp4PosNeg, 1, 1, 2, true>, grid, block, stream, pdl, g);
   if (fmt == 1)
-    return cfg == 1   ? launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 4, false>, grid, block, stream, pdl, g)
-           : cfg == 2 ? launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 4, true>, grid, block, stream, pdl, g)
-                      : launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 2, true>, grid, block, stream, pdl, g);
+    return u4 ? launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 4, false>, grid, block, stream, pdl, g)
+              : launch_kernel(gemv_many_kernel<Fmt::W4a8, 1, 1, 2, true>, grid, block, stream, pdl, g);
   return cudaErrorInvalidValue;
 }
 

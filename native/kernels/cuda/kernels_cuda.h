@@ -92,10 +92,9 @@ cudaError_t gemv_w4a8_q8fused(const uint8_t* codes, const uint16_t* scales, int 
 // Batch 1, several weights of one format reading the same activations (q/k/v, gate/up) in
 // one launch: the same kernel and results as one gemv_nvfp4_dp4a (fmt 0) / gemv_w4a8 (fmt 1)
 // per weight (y_i: f32 [N_i]); fewer launches, which is what a small model's decode step
-// pays for. At most 4 weights; Kp (and group) shared. cfg 0: each lane two 32-value chunks
-// with the next two in flight; 1 (u4): four chunks loaded together, not pipelined (one wave of
-// loads, then the math); 2 (u4p): four with the next four in flight; the same sums in the same
-// order (bit for bit). The backend takes it
+// pays for. At most 4 weights; Kp (and group) shared. u4: each lane loads four 32-value chunks
+// together and is not pipelined (one wave of loads, then the math) instead of two chunks with
+// the next two in flight; the same sums in the same order (bit for bit). The backend takes it
 // for gate/up with Kp >= 2048 (Llama-3-8B decode 1,919.7 -> 1,891.9 µs/token; NOTES.md session 8).
 struct GemvWeight {
   const uint8_t* codes;
@@ -106,7 +105,7 @@ struct GemvWeight {
 };
 cudaError_t gemv_many_m1(int fmt, const GemvWeight* w, int n, int group, int Kp, const int8_t* xq,
                          const float* xd, const int32_t* xs, cudaStream_t stream, bool pdl = false,
-                         int cfg = 0);
+                         bool u4 = false);
 
 // Prefill GEMM, M > 8, on the tensor cores (gemm_mma.cu): int8 mma.sync of the weight codes
 // (fmt 0 NVFP4 as 2*e2m1, 1 W4A8 as nibble - 8, 2 W8A8) against quantize_act_q8's q, exact

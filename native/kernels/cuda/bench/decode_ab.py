@@ -48,11 +48,7 @@ SMOL = [("defaults", {}),
         ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
 BIG = [("defaults", {}),
        ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"}),
-       ("COMBINE_TRIGGER=1 (fused, o GEMV triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"}),
-       ("GEMV_QKV=u4 (q/k/v: four chunks a lane, not pipelined)", {"KVDECK_CUDA_GEMV_QKV": "u4"}),
-       ("GEMV_O=u4 (o: four chunks a lane, not pipelined)", {"KVDECK_CUDA_GEMV_O": "u4"}),
-       ("GEMV_DOWN=u4p (down: four chunks, four more in flight)", {"KVDECK_CUDA_GEMV_DOWN": "u4p"}),
-       ("GEMV_DOWN=u4 (down: four chunks, not pipelined)", {"KVDECK_CUDA_GEMV_DOWN": "u4"})]
+       ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
 
 # the session-7 host path: four uploads a step, the token downloaded into pageable memory, a
 # publish every forward (engine.cpp Scratch::pack, backend_cuda_state.h pinned_dl_)
