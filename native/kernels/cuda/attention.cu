@@ -33,16 +33,19 @@ constexpr int kE = 8;  // values per lane
 template <KvFormat F>
 constexpr int kUnroll = F == KvFormat::F32 ? 2 : 4;
 
-// One lane's 8 values of a K or V row (f16: one 16-byte load; f32: two).
+// One lane's 8 values of a K or V row (f16: one 16-byte load; f32: two). kCg: through L2
+// (ld.global.cg) instead of the read-only path: the fused kernel's rows may be written by its own
+// prologue (attention_impl.cuh attn_rope_prologue).
 template <KvFormat F>
 struct Slice {
   static constexpr int kW = F == KvFormat::F32 ? 8 : 4;
   uint32_t w[kW];
+  template <bool kCg = false>
   __device__ __forceinline__ void load(const uint8_t* row, int sub) {
     const uint4* p = reinterpret_cast<const uint4*>(row) + sub * (kW / 4);
 #pragma unroll
     for (int i = 0; i < kW / 4; ++i) {
-      const uint4 v = __ldg(p + i);
+      const uint4 v = kCg ? __ldcg(p + i) : __ldg(p + i);
       w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
     }
   }
@@ -99,12 +102,23 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
   const int p_first = w_begin / block;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
+  bool rope = false;  // fused: the step's rope + KV write first (then ctx = pos + 1: block 0 writes ctx_dev)
+  if constexpr (S > 1) {
+    rope = tail.rope.nh > 0;
+    if (rope) {
+      attn_rope_prologue<G, D>(tail.rope, g);
+      __syncthreads();  // q and KV head g's row written
+    }
+  }
   float qf[G][kE];
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int e = 0; e < kE; ++e) qf[h][e] = q[size_t(g * G + h) * D + sub * kE + e] * scale_log2;
-  const int ctx = *ctx_dev;
+    for (int e = 0; e < kE; ++e) {
+      const float* qp = q + size_t(g * G + h) * D + sub * kE + e;
+      qf[h][e] = (S > 1 ? __ldcg(qp) : *qp) * scale_log2;
+    }
+  const int ctx = rope && !tail.f.k ? tail.rope.pos[0] + 1 : *ctx_dev;
   if (S == 1 && t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
   // (fused: its warps run no chunk, w_end < w_begin, and write no partial)
   const int t_end = min(ctx, t_begin + split);
@@ -121,8 +135,8 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
     for (int u = 0; u < U; ++u) {
       const int t = min(t0 + u * TPW + tg, w_end - 1);  // past the end: reload the last row
       const size_t off = ((size_t(pg) * block + t % block) * n_kv + g) * kRow;
-      ks[u].load(kbase + off, sub);
-      vs[u].load(vbase + off, sub);
+      ks[u].template load<(S > 1)>(kbase + off, sub);
+      vs[u].template load<(S > 1)>(vbase + off, sub);
     }
   };
 
@@ -282,7 +296,7 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                         const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                         const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
-                        const ActQ8Out& q8 = {}) {
+                        const ActQ8Out& q8 = {}, const RopeKvIn& rope = {}) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && kv.D % 32 != 0))
     return cudaErrorInvalidValue;
@@ -292,8 +306,9 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
   const float sl2 = scale * 1.4426950408889634f;  // log2(e)
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   const bool fused = n_splits <= kAttnFusedSplits && G <= 3 && attn_fused_on();
-  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
-  cudaError_t err;
+  AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
+  cudaError_t err = attn_rope(kv, n_heads, rope, fused, tail, stream);
+  if (err != cudaSuccess) return err;
   if (kv.format == KvFormat::F16)
     err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)
                       : launch_split<KvFormat::F16, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream);
@@ -311,7 +326,8 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k, const float* fresh_v,
-                             const int32_t* rope_pos, const float* rope_inv, const ActQ8Out& q8) {
+                             const int32_t* rope_pos, const float* rope_inv, const ActQ8Out& q8,
+                             const RopeKvIn& rope) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): the 4-bit formats run fastest on the tensor cores
@@ -319,9 +335,9 @@ cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, con
   // f32 pages (memory-bound) on the f32 SIMT kernel here
   if (kv.format == KvFormat::NVFP4 || kv.format == KvFormat::NVFP4R || kv.format == KvFormat::K8V4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
-                                        fresh_v, rope_pos, rope_inv, q8);
+                                        fresh_v, rope_pos, rope_inv, q8, rope);
   return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
-                     rope_inv, q8);
+                     rope_inv, q8, rope);
 }
 
 namespace detail {

@@ -135,6 +135,11 @@ bool attn_fused_on() {
   return !(e && e[0] == '0');
 }
 
+bool attn_rope_on() {
+  const char* e = std::getenv("KVDECK_CUDA_ATTN_ROPE");
+  return !(e && e[0] == '0');
+}
+
 cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
                                 int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh,
                                 const ActQ8Out& q8) {

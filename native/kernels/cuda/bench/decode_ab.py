@@ -44,9 +44,10 @@ if __name__ == "__main__" and "--make-tensors" in sys.argv:  # runs before the e
 from app.bench import gpu_model  # noqa: E402
 
 SMOL = [("defaults", {}),
-        ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"}),
-        ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
+        ("ATTN_ROPE=0 (rope + KV write a kernel of its own: call 1's step)", {"KVDECK_CUDA_ATTN_ROPE": "0"}),
+        ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"})]
 BIG = [("defaults", {}),
+       ("ATTN_ROPE=0 (rope + KV write a kernel of its own: call 1's step)", {"KVDECK_CUDA_ATTN_ROPE": "0"}),
        ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"}),
        ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
 
