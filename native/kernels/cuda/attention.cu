@@ -103,19 +103,22 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
   bool rope = false;  // fused: the step's rope + KV write first (then ctx = pos + 1: block 0 writes ctx_dev)
+  const float* qs = q;
+  const uint8_t *kb = kbase, *vb = vbase;
   if constexpr (S > 1) {
     rope = tail.rope.nh > 0;
     if (rope) {
       attn_rope_prologue<G, D>(tail.rope, g);
       __syncthreads();  // q and KV head g's row written
     }
+    qs = opaque(q), kb = opaque(kbase), vb = opaque(vbase);
   }
   float qf[G][kE];
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
-      const float* qp = q + size_t(g * G + h) * D + sub * kE + e;
+      const float* qp = qs + size_t(g * G + h) * D + sub * kE + e;
       qf[h][e] = (S > 1 ? __ldcg(qp) : *qp) * scale_log2;
     }
   const int ctx = rope && !tail.f.k ? tail.rope.pos[0] + 1 : *ctx_dev;
@@ -135,8 +138,8 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
     for (int u = 0; u < U; ++u) {
       const int t = min(t0 + u * TPW + tg, w_end - 1);  // past the end: reload the last row
       const size_t off = ((size_t(pg) * block + t % block) * n_kv + g) * kRow;
-      ks[u].template load<(S > 1)>(kbase + off, sub);
-      vs[u].template load<(S > 1)>(vbase + off, sub);
+      ks[u].template load<(S > 1)>(kb + off, sub);
+      vs[u].template load<(S > 1)>(vb + off, sub);
     }
   };
 

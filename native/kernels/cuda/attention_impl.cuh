@@ -82,6 +82,17 @@ __device__ __noinline__ void attn_rope_prologue(const RopeKvArgs& a, int g) {  /
   }
 }
 
+// p as a value the compiler cannot see through: the fused kernels' q and pool pointers are
+// __restrict__, so without this their loads after the prologue's __syncthreads could be moved
+// above the prologue's stores (made through other pointers).
+template <class T>
+__device__ __forceinline__ T* opaque(T* p) {
+#ifndef KVDECK_CUDA_EMU
+  asm volatile("" : "+l"(p)::"memory");
+#endif
+  return p;
+}
+
 // KVDECK_CUDA_ATTN_ROPE=0: the rope + KV write as a kernel of its own before the fused kernel
 // (A/B; read at every launch; attention_combine.cu).
 bool attn_rope_on();

@@ -105,7 +105,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   auto swz = [](int h, int u) {  // u's position in head h's row (inside its own segment)
     return U == 8 ? u ^ ((u / 8 + 4 * (h & 1)) & 7) : u ^ (((u / 4 >> 1) + 2 * (h & 1)) & 3);
   };
-  const float* qg = q + size_t(g_kv) * G * D;
+  const float* qg = (S > 1 ? opaque(q) : q) + size_t(g_kv) * G * D;
   const bool q16 = (reinterpret_cast<uintptr_t>(qg) & 15u) == 0;  // block-uniform
   for (int i = threadIdx.x; i < G * D / 4; i += kAttnWarps * 32 * S) {
     const int h = i / (D / 4), u = i % (D / 4);
