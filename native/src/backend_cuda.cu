@@ -252,14 +252,9 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
       const Rope kr = p_rope_[ki], qr = qi >= 0 ? p_rope_[qi] : Rope{};
       p_rope_.clear();
       flush();
-      if (M == 1 && qr.x) {  // decode: the attention that follows does it (fused into its kernel)
-        p_ropekv_ = {cuda::RopeKvIn{qr.x, qr.ld, k, v, ld, kr.pos, kr.inv, slots, ctx_}, qr.nh, pool.n_kv(), D,
-                     int(pool.dtype()), pool.k(layer), pool.v(layer)};
-      } else {
-        check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
-                                  pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
-              "rope_kv_write");
-      }
+      check(cuda::rope_kv_write(qr.x, qr.ld, qr.nh, k, v, ld, pool.n_kv(), D, M, kr.pos, kr.inv, int(pool.dtype()),
+                                pool.k(layer), pool.v(layer), slots, M == 1 ? ctx_ : nullptr, st_),
+            "rope_kv_write");
       ctx_fresh_ = M == 1 ? kr.pos : nullptr;
       unroped_k_ = kr;  // k stays unrotated: an attention_fresh reading it rotates it first
       return;
@@ -283,8 +278,6 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
   // fk, fv (or null): the chunk's own K / V rows, unrounded (attention_fresh).
   void attend(const KvPool& pool, int layer, const float* q, int ldq, int M, const int32_t* pos,
               const int32_t* pages, int nh, int nkv, int D, const float* fk, const float* fv, int ldkv, float* out) {
-    RopeKv rk = p_ropekv_;  // kv_write's deferred rope + KV write (this layer's, read by this attention)
-    p_ropekv_ = {};
     flush();
     Rope kr{};  // fk as rope_kv_write left it (unrotated), or none
     if (fk && fk == unroped_k_.x && unroped_k_.M == M && unroped_k_.ld == ldkv) kr = unroped_k_;
@@ -305,14 +298,12 @@ class CudaBackend final : public Backend, private cuda_backend::CudaState {
                           (D == 64 || D == 128) &&
                           pool.block() % 16 == 0 &&
                           nh % nkv == 0 && nh / nkv <= 8 && ldq == nh * D;
-    const bool take_rope = M == 1 && split_ok && rk.in.q == q && rk.kb == pool.k(layer) && rk.nh == nh;
-    if (rk.in.q && !take_rope) launch_ropekv(rk);
     if (M == 1 && split_ok) {  // decode: split over the sequence (attention.cu / attention_mma.cu)
       kv.format = cuda::KvFormat(int(pool.dtype()));  // f32, f16, nvfp4, nvfp4r, k8v4
       float* ws = workspace(cuda::attn_workspace_floats(nh, pool_ctx, D));
       // fresh: the pages hold pos[0] tokens before the step's own, so pos is that count
       const Attn a{kv, q, nh, fk ? pos : ctx_, max_ctx, scale, ws, out, fk, fv, fk ? kr.pos : nullptr,
-                   fk ? kr.inv : nullptr, take_rope ? rk.in : cuda::RopeKvIn{}};
+                   fk ? kr.inv : nullptr};
       if (!fk && fresh != pos) check(cuda::ctx_from_pos(pos, ctx_, st_), "attention");
       if (attn_q8_) {
         p_attn_ = a;  // an o projection's quantize_input of out takes its q8 from the combine

@@ -64,11 +64,6 @@ CudaState::~CudaState() {
 // Deferred ops and the workspace
 // =====================================================================================
 void CudaState::flush() {
-  if (p_ropekv_.in.q) {  // set by kv_write right after a flush: before any other pending op
-    const RopeKv r = p_ropekv_;
-    p_ropekv_ = {};
-    launch_ropekv(r);
-  }
   if (p_attn_.out) {  // deferred before any other pending op (their setters flush first, rope aside)
     const Attn a = p_attn_;
     p_attn_ = {};
@@ -98,14 +93,8 @@ void CudaState::flush() {
 
 void CudaState::launch_attention(const Attn& a, const cuda::ActQ8Out& q8) {
   check(cuda::attention_decode(a.kv, a.q, a.nh, a.ctx, a.max_ctx, a.scale, a.ws, a.out, st_, a.fk, a.fv, a.rope_pos,
-                               a.rope_inv, q8, a.rope),
+                               a.rope_inv, q8),
         "attention_decode");
-}
-
-void CudaState::launch_ropekv(const RopeKv& r) {
-  check(cuda::rope_kv_write(r.in.q, r.in.ldq, r.nh, r.in.k, r.in.v, r.in.ldk, r.nkv, r.D, 1, r.in.pos, r.in.inv_freq,
-                            r.fmt, r.kb, r.vb, r.in.slots, r.in.ctx, st_),
-        "rope_kv_write");
 }
 
 float* CudaState::workspace(size_t floats) {
@@ -266,7 +255,7 @@ void CudaState::no_capture(const char* what) {
 }
 
 void CudaState::abort_capture() {
-  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear(), p_attn_ = {}, p_ropekv_ = {};
+  p_add_ = {}, p_norm_ = {}, p_silu_ = {}, p_rope_.clear(), p_attn_ = {};
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;

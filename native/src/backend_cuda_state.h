@@ -74,16 +74,7 @@ class CudaState {
     const float *fk = nullptr, *fv = nullptr;
     const int32_t* rope_pos = nullptr;
     const float* rope_inv = nullptr;
-    cuda::RopeKvIn rope{};  // the step's rope + KV write, done by the attention (kernels_cuda.h)
   };
-  // A decode step's rope + KV write (M = 1, q and k), deferred to the attention that follows,
-  // which runs it inside its fused kernel (or launches it first): kernels_cuda.h RopeKvIn.
-  struct RopeKv {
-    cuda::RopeKvIn in{};
-    int nh = 0, nkv = 0, D = 0, fmt = 0;
-    void *kb = nullptr, *vb = nullptr;
-  };
-  void launch_ropekv(const RopeKv& r);
   void flush();  // launches every pending op on its own, in order
   void launch_attention(const Attn& a, const cuda::ActQ8Out& q8);
 
@@ -158,7 +149,6 @@ class CudaState {
   Silu p_silu_;
   std::vector<Rope> p_rope_;
   Attn p_attn_;
-  RopeKv p_ropekv_;
   // The o projection's q8 written by the attention combine (one kernel a layer less): on by
   // default; KVDECK_CUDA_ATTN_Q8=0 runs quantize_act_q8 after the combine (the A/B; NOTES.md
   // session 7).

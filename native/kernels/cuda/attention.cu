@@ -33,19 +33,16 @@ constexpr int kE = 8;  // values per lane
 template <KvFormat F>
 constexpr int kUnroll = F == KvFormat::F32 ? 2 : 4;
 
-// One lane's 8 values of a K or V row (f16: one 16-byte load; f32: two). kCg: through L2
-// (ld.global.cg) instead of the read-only path: the fused kernel's rows may be written by its own
-// prologue (attention_impl.cuh attn_rope_prologue).
+// One lane's 8 values of a K or V row (f16: one 16-byte load; f32: two).
 template <KvFormat F>
 struct Slice {
   static constexpr int kW = F == KvFormat::F32 ? 8 : 4;
   uint32_t w[kW];
-  template <bool kCg = false>
   __device__ __forceinline__ void load(const uint8_t* row, int sub) {
     const uint4* p = reinterpret_cast<const uint4*>(row) + sub * (kW / 4);
 #pragma unroll
     for (int i = 0; i < kW / 4; ++i) {
-      const uint4 v = kCg ? __ldcg(p + i) : __ldg(p + i);
+      const uint4 v = __ldg(p + i);
       w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
     }
   }
@@ -81,19 +78,16 @@ __device__ __forceinline__ void qk(const Slice<F>& k, const float (&qf)[G][kE], 
 // Split kernel: one block per (KV head, split)
 // =====================================================================================
 
-// S = 1: grid (n_kv, n_splits), the split's partial to ws, the combine kernel merges. S =
-// kAttnFusedSplits (attention_impl.cuh, n_splits <= S): grid (n_kv), block warp w runs warp w % 4
-// of split w / 4 as above, then the block combines (attn_fused_tail) into tail.out.
-template <KvFormat F, int D, int G, int S>
-__global__ void __launch_bounds__(kAttnWarps * 32 * S, S == 1 ? 3 : 1)
+template <KvFormat F, int D, int G>
+__global__ void __launch_bounds__(kAttnWarps * 32, 3)
 attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                   const int32_t* __restrict__ pages, int block, int n_kv,
                   const float* __restrict__ q, const int32_t* __restrict__ ctx_dev, int split,
-                  int n_splits, int n_pt, float scale_log2, float* __restrict__ ws, AttnTail tail) {
+                  int n_splits, int n_pt, float scale_log2, float* __restrict__ ws) {
   constexpr int U = kUnroll<F>, LPT = D / kE, TPW = 32 / LPT, CHUNK = U * TPW;
   constexpr size_t kRow = size_t(D) * (F == KvFormat::F32 ? 4 : 2);
-  const int g = blockIdx.x, sp = S == 1 ? blockIdx.y : threadIdx.x / (kAttnWarps * 32);
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % kAttnWarps, wb = threadIdx.x / 32;
+  const int g = blockIdx.x, sp = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int tg = lane / LPT, sub = lane % LPT;
   const int per_warp = split / kAttnWarps;  // a multiple of 16, at most 512
   const int t_begin = sp * split, w_begin = t_begin + warp * per_warp;
@@ -102,28 +96,13 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
   const int p_first = w_begin / block;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
-  bool rope = false;  // fused: the step's rope + KV write first (then ctx = pos + 1: block 0 writes ctx_dev)
-  const float* qs = q;
-  const uint8_t *kb = kbase, *vb = vbase;
-  if constexpr (S > 1) {
-    rope = tail.rope.nh > 0;
-    if (rope) {
-      attn_rope_prologue<G, D>(tail.rope, g);
-      __syncthreads();  // q and KV head g's row written
-    }
-    qs = opaque(q), kb = opaque(kbase), vb = opaque(vbase);
-  }
   float qf[G][kE];
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      const float* qp = qs + size_t(g * G + h) * D + sub * kE + e;
-      qf[h][e] = (S > 1 ? __ldcg(qp) : *qp) * scale_log2;
-    }
-  const int ctx = rope && !tail.f.k ? tail.rope.pos[0] + 1 : *ctx_dev;
-  if (S == 1 && t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
-  // (fused: its warps run no chunk, w_end < w_begin, and write no partial)
+    for (int e = 0; e < kE; ++e) qf[h][e] = q[size_t(g * G + h) * D + sub * kE + e] * scale_log2;
+  const int ctx = *ctx_dev;
+  if (t_begin >= ctx) return;  // not a live split (the combine reads only live ones)
   const int t_end = min(ctx, t_begin + split);
   const int w_end = min(t_end, w_begin + per_warp);
 
@@ -138,8 +117,8 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
     for (int u = 0; u < U; ++u) {
       const int t = min(t0 + u * TPW + tg, w_end - 1);  // past the end: reload the last row
       const size_t off = ((size_t(pg) * block + t % block) * n_kv + g) * kRow;
-      ks[u].template load<(S > 1)>(kb + off, sub);
-      vs[u].template load<(S > 1)>(vb + off, sub);
+      ks[u].load(kbase + off, sub);
+      vs[u].load(vbase + off, sub);
     }
   };
 
@@ -196,7 +175,7 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
     if (!kPrefetch && t0 + CHUNK < w_end) load(t0 + CHUNK, ks, vs);
   }
 
-  if (S == 1 || tail.trigger) pdl_launch_dependents();  // the combine (the o GEMV) may start: it waits for this grid
+  pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
   // merge the TPW token groups of the warp (lanes sub, sub + LPT, ...)
 #pragma unroll
   for (int off = LPT; off < 32; off <<= 1)
@@ -216,39 +195,33 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
     }
 
   // merge the warps in shared memory, write the split's partial (o relative to its max)
-  __shared__ float so[kAttnWarps * S][G][D];
-  __shared__ float sm[kAttnWarps * S][G], sl[kAttnWarps * S][G];
+  __shared__ float so[kAttnWarps][G][D];
+  __shared__ float sm[kAttnWarps][G], sl[kAttnWarps][G];
   if (tg == 0) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
 #pragma unroll
-      for (int e = 0; e < kE; ++e) so[wb][h][sub * kE + e] = o[h][e];
-      if (sub == 0) sm[wb][h] = m[h], sl[wb][h] = l[h];
+      for (int e = 0; e < kE; ++e) so[warp][h][sub * kE + e] = o[h][e];
+      if (sub == 0) sm[warp][h] = m[h], sl[warp][h] = l[h];
     }
   }
   __syncthreads();
-  const int live = (ctx + split - 1) / split;  // S > 1: the block's live splits (<= n_splits <= S)
-  for (int i = threadIdx.x; i < (S == 1 ? 1 : live) * G * D; i += kAttnWarps * 32 * S) {
-    const int h = i / D % G, d = i % D, ss = S == 1 ? sp : i / (G * D), w0 = (ss - (S == 1 ? sp : 0)) * kAttnWarps;
+  for (int i = threadIdx.x; i < G * D; i += kAttnWarps * 32) {
+    const int h = i / D, d = i % D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w0 + w][h]);
+    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][h]);
     const float ref = mx == -INFINITY ? 0.0f : mx;
     float acc = 0.0f, lsum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) {
-      const float c = exp2f(sm[w0 + w][h] - ref);
-      acc += c * so[w0 + w][h][d];
-      lsum += c * sl[w0 + w][h];
+      const float c = exp2f(sm[w][h] - ref);
+      acc += c * so[w][h][d];
+      lsum += c * sl[w][h];
     }
-    float* dst = ws + (size_t(g * G + h) * n_splits + ss) * (D + 2);
+    float* dst = ws + (size_t(g * G + h) * n_splits + sp) * (D + 2);
     dst[d] = acc;
     if (d == 0) dst[D] = mx, dst[D + 1] = lsum;
-  }
-  if constexpr (S > 1) {
-    __shared__ float cst[G * (S + 2)];
-    __syncthreads();  // the partials in ws are visible to the block
-    attn_fused_tail<G, D>(ws, n_splits, live, g, tail, cst);
   }
 }
 
@@ -256,29 +229,16 @@ attn_split_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__
 // Launchers
 // =====================================================================================
 
-// The split kernel (+ the combine kernel), or with fused (n_splits <= kAttnFusedSplits, G <= 3:
-// the fused block at 128 registers spills from G 4 on) the fused kernel alone.
 template <KvFormat F, int D>
-cudaError_t launch_split(const PagedKv& kv, int G, int n_splits, const float* q, const int32_t* ctx, int split,
-                         int n_pt, float sl2, float* ws, bool fused, const AttnTail& tail, cudaStream_t st) {
+cudaError_t launch_split(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx,
+                         int split, int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
-  const dim3 grid(kv.n_kv, n_splits), threads(kAttnWarps * 32);
-  const dim3 grid_f(kv.n_kv), threads_f(kAttnWarps * 32 * kAttnFusedSplits);
-#define KVDECK_ATTN_CASE(GG)                                                                                   \
-  case GG:                                                                                                     \
-    return launch_kernel(attn_split_kernel<F, D, GG, 1>, grid, threads, st, /*pdl=*/true, k, v, kv.pages,     \
-                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws, AttnTail{});
-#define KVDECK_ATTN_FUSED_CASE(GG)                                                                             \
-  case GG:                                                                                                     \
-    return launch_kernel(attn_split_kernel<F, D, GG, kAttnFusedSplits>, grid_f, threads_f, st, /*pdl=*/true, k, \
-                         v, kv.pages, kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws, tail);
-  if (fused) switch (G) {
-      KVDECK_ATTN_FUSED_CASE(1)
-      KVDECK_ATTN_FUSED_CASE(2)
-      KVDECK_ATTN_FUSED_CASE(3)
-      default: return cudaErrorInvalidValue;
-    }
+  const dim3 threads(kAttnWarps * 32);
+#define KVDECK_ATTN_CASE(GG)                                                               \
+  case GG:                                                                                 \
+    return launch_kernel(attn_split_kernel<F, D, GG>, grid, threads, st, /*pdl=*/true, k, v, kv.pages, \
+                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
   switch (G) {
     KVDECK_ATTN_CASE(1)
     KVDECK_ATTN_CASE(2)
@@ -291,7 +251,6 @@ cudaError_t launch_split(const PagedKv& kv, int G, int n_splits, const float* q,
     default: return cudaErrorInvalidValue;
   }
 #undef KVDECK_ATTN_CASE
-#undef KVDECK_ATTN_FUSED_CASE
   return cudaGetLastError();
 }
 
@@ -299,28 +258,24 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
                         int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                         const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                         const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
-                        const ActQ8Out& q8 = {}, const RopeKvIn& rope = {}) {
+                        const ActQ8Out& q8 = {}) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
-  if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && kv.D % 32 != 0))
-    return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
   const int n_pt = (max_ctx + kv.block - 1) / kv.block;
+  const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;  // log2(e)
-  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
-  const bool fused = n_splits <= kAttnFusedSplits && G <= 3 && attn_fused_on();
-  AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
-  cudaError_t err = attn_rope(kv, n_heads, rope, fused, tail, stream);
-  if (err != cudaSuccess) return err;
+  cudaError_t err;
   if (kv.format == KvFormat::F16)
-    err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)
-                      : launch_split<KvFormat::F16, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream);
+    err = kv.D == 128 ? launch_split<KvFormat::F16, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F16, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else if (kv.format == KvFormat::F32)
-    err = kv.D == 128 ? launch_split<KvFormat::F32, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)
-                      : launch_split<KvFormat::F32, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream);
+    err = kv.D == 128 ? launch_split<KvFormat::F32, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
+                      : launch_split<KvFormat::F32, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
   else
     return cudaErrorInvalidValue;
-  if (err != cudaSuccess || fused) return err;
+  if (err != cudaSuccess) return err;
+  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f, q8);
 }
 
@@ -329,8 +284,7 @@ cudaError_t decode_impl(const PagedKv& kv, const float* q, int n_heads, const in
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k, const float* fresh_v,
-                             const int32_t* rope_pos, const float* rope_inv, const ActQ8Out& q8,
-                             const RopeKvIn& rope) {
+                             const int32_t* rope_pos, const float* rope_inv, const ActQ8Out& q8) {
   if ((fresh_k == nullptr) != (fresh_v == nullptr)) return cudaErrorInvalidValue;
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr)) return cudaErrorInvalidValue;
   // measured on the H200 (gpu_bench): the 4-bit formats run fastest on the tensor cores
@@ -338,9 +292,9 @@ cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, con
   // f32 pages (memory-bound) on the f32 SIMT kernel here
   if (kv.format == KvFormat::NVFP4 || kv.format == KvFormat::NVFP4R || kv.format == KvFormat::K8V4)
     return detail::attention_decode_mma(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k,
-                                        fresh_v, rope_pos, rope_inv, q8, rope);
+                                        fresh_v, rope_pos, rope_inv, q8);
   return decode_impl(kv, q, n_heads, ctx_dev, max_ctx, scale, workspace, out, stream, fresh_k, fresh_v, rope_pos,
-                     rope_inv, q8, rope);
+                     rope_inv, q8);
 }
 
 namespace detail {

@@ -118,10 +118,10 @@ namespace detail {
 // bound fitted to these two shapes, not measured between them). KVDECK_CUDA_COMBINE_TRIGGER=0 / 1
 // forces it off / on (A/B; read at every launch, so a graph records what its capture ran under).
 // Without q8 no trigger: the next kernel, quantize_act_q8, starts at the end, as before.
-// The fused kernel (attention_impl.cuh) triggers after its main loop for every K, measured both
-// ways in session 10 (decode_ab.py, one call, interleaved): SmolLM2 552.3 µs/token with it
-// against 580.0 without, the 8B (K 4,096) 1,834.8 against 1,863.5 (its o GEMV no longer follows a
-// 256-block combine kernel but a kernel of 8 blocks).
+// The fused kernel (attention_impl.cuh) triggers after its main loop for every K: measured on
+// the 8B (K 4,096) in session 10 (decode_ab.py, interleaved), 1,834.8 µs/token with it against
+// 1,863.5 without (call 1; call 2, with the later-removed rope prologue: 1,885.7 / 1,911.2): its o
+// GEMV no longer follows a 256-block combine kernel but a kernel of 8 blocks.
 bool combine_trigger(int K, bool fused) {
   const char* e = std::getenv("KVDECK_CUDA_COMBINE_TRIGGER");
   if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
@@ -132,11 +132,6 @@ bool combine_trigger(int K, bool fused) {
 // launch, like the trigger's switch).
 bool attn_fused_on() {
   const char* e = std::getenv("KVDECK_CUDA_ATTN_FUSED");
-  return !(e && e[0] == '0');
-}
-
-bool attn_rope_on() {
-  const char* e = std::getenv("KVDECK_CUDA_ATTN_ROPE");
   return !(e && e[0] == '0');
 }
 

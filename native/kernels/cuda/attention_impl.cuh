@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include "common.cuh"
-#include "fused_impl.cuh"
 #include "kernels_cuda.h"
 
 namespace kvdeck::cuda::detail {
@@ -51,69 +50,22 @@ __device__ __forceinline__ float attn_fresh_score(const AttnFresh& f, int h, int
   return warp_sum(dot) * f.sl2;
 }
 
-// Fused decode attention (max_ctx <= kAttnFusedSplits x 64 tokens): one block of
-// kAttnFusedSplits x kAttnWarps warps per KV head runs every split of it (warps w of split w / 4,
-// each as the split kernel's block would) and then the combine, so no combine kernel runs.
-// out / f / q8 as launch_attn_combine's; trigger: the block triggers its dependents after its
-// main loop (combine_trigger's rule).
+// Fused decode attention on the tensor cores (attention_mma.cu: NVFP4 pages, G <= 4, max_ctx <=
+// kAttnFusedSplits x 64 tokens): one block of kAttnFusedSplits x kAttnWarps warps per KV head runs
+// every split of it (warps w of split w / 4, each as the split kernel's block would) and then the
+// combine, so no combine kernel runs. out / f / q8 as launch_attn_combine's; trigger: the block
+// triggers its dependents after its main loop (combine_trigger's rule). Measured on the H200
+// (session 10, NOTES.md): Llama-3-8B-shaped decode @16 1,906.2 -> 1,834.8 µs/token with the
+// trigger. The same fusion of attention.cu's SIMT kernel (f16 KV, SmolLM2) measured no gain
+// (552.3 vs 550.9 µs/token) and was removed, as was the step's rope + KV write in the fused
+// kernel's prologue (slower in both models: SmolLM2 624.0 vs 588.1, 8B 1,904.4 vs 1,885.7).
 constexpr int kAttnFusedSplits = 4;
-// rope (rope.nh > 0): the step's rope_kv_write (M = 1) done in the fused kernel's prologue.
 struct AttnTail {
   float* out = nullptr;
   AttnFresh f;
   ActQ8Out q8;
   bool trigger = false;
-  RopeKvArgs rope{};
 };
-
-// The fused kernel's prologue, by every thread of block g (KV head g): rope_kv_write_kernel's
-// items of this block (the q pairs of heads g G .. g G + G - 1, then KV head g's K / V values;
-// item 0, block 0: ctx), the same functions, so the same bytes. A __syncthreads must follow before
-// q or the written rows are read.
-template <int G, int D>
-__device__ __noinline__ void attn_rope_prologue(const RopeKvArgs& a, int g) {  // not inlined: keeps the main loop's registers
-  constexpr int half = D / 2, n_threads = kAttnWarps * 32 * kAttnFusedSplits;
-  const int tid = threadIdx.x;
-  for (int i = tid; i < G * half; i += n_threads) rope_kv_item(a, size_t(g) * G * half + i);
-  if (a.fmt == 2) {
-    if (tid < 2 * D) kv_nvfp4_value(a, size_t(g) * 2 * D + tid, true);  // whole warps: 2 D % 32 == 0
-  } else if (tid < D) {
-    rope_kv_item(a, size_t(a.nh) * half + size_t(g) * D + tid);
-  }
-}
-
-// p as a value the compiler cannot see through: the fused kernels' q and pool pointers are
-// __restrict__, so without this their loads after the prologue's __syncthreads could be moved
-// above the prologue's stores (made through other pointers).
-template <class T>
-__device__ __forceinline__ T* opaque(T* p) {
-#ifndef KVDECK_CUDA_EMU
-  asm volatile("" : "+l"(p)::"memory");
-#endif
-  return p;
-}
-
-// KVDECK_CUDA_ATTN_ROPE=0: the rope + KV write as a kernel of its own before the fused kernel
-// (A/B; read at every launch; attention_combine.cu).
-bool attn_rope_on();
-
-// attention_decode's rope (kernels_cuda.h RopeKvIn, nothing when r.q is null): into tail.rope when
-// the fused kernel runs and may take it (fuse), else rope_kv_write launched now, before the attention.
-inline cudaError_t attn_rope(const PagedKv& kv, int n_heads, const RopeKvIn& r, bool fuse, AttnTail& tail,
-                             cudaStream_t st) {
-  if (!r.q) return cudaSuccess;
-  const int fmt = int(kv.format);  // rope_kv_write's formats: 0 f32, 1 f16, 2 NVFP4
-  if (fmt > 2) return cudaErrorInvalidValue;
-  auto* kb = static_cast<uint8_t*>(const_cast<void*>(kv.k));
-  auto* vb = static_cast<uint8_t*>(const_cast<void*>(kv.v));
-  if (fuse && r.ldq == n_heads * kv.D && r.ldk >= kv.n_kv * kv.D && attn_rope_on()) {
-    tail.rope = RopeKvArgs{r.q, r.ldq, n_heads, r.k, r.v, r.ldk, kv.n_kv, kv.D, 1, r.pos, r.inv_freq, fmt, kb, vb,
-                           r.slots, r.ctx};
-    return cudaSuccess;
-  }
-  return rope_kv_write(r.q, r.ldq, n_heads, r.k, r.v, r.ldk, kv.n_kv, kv.D, 1, r.pos, r.inv_freq, fmt, kb, vb,
-                       r.slots, r.ctx, st);
-}
 
 // Whether the q8-writing combine (fused: the fused kernel) triggers the o GEMV early, for an o
 // input of K = n_heads * D values (attention_combine.cu: the measured rule and its switch).

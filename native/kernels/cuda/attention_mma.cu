@@ -85,12 +85,6 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   const int p_first = w_begin / block;
   const int my_page = p_first + lane < n_pt ? __ldg(pages + p_first + lane) : 0;
   pdl_wait();  // launched with PDL: q and ctx are the previous kernel's outputs
-  if constexpr (S > 1) {  // fused with the fresh token: the step's rope + KV write first (its row is not read here)
-    if (tail.rope.nh > 0) {
-      attn_rope_prologue<G, D>(tail.rope, g_kv);
-      __syncthreads();  // q written
-    }
-  }
 
   // Q as the B operand of S^T = K Q^T (columns = heads; lane column gid), rounded to f16
   // D index pairs as K's: int8 words (d, d+1), (d+2, d+3); NVFP4 words of 8 codes (c, c+4)
@@ -105,14 +99,12 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   auto swz = [](int h, int u) {  // u's position in head h's row (inside its own segment)
     return U == 8 ? u ^ ((u / 8 + 4 * (h & 1)) & 7) : u ^ (((u / 4 >> 1) + 2 * (h & 1)) & 3);
   };
-  const float* qg = (S > 1 ? opaque(q) : q) + size_t(g_kv) * G * D;
+  const float* qg = q + size_t(g_kv) * G * D;
   const bool q16 = (reinterpret_cast<uintptr_t>(qg) & 15u) == 0;  // block-uniform
   for (int i = threadIdx.x; i < G * D / 4; i += kAttnWarps * 32 * S) {
     const int h = i / (D / 4), u = i % (D / 4);
-    const float4 v = q16 ? (S > 1 ? __ldcg(reinterpret_cast<const float4*>(qg) + i)
-                                  : __ldg(reinterpret_cast<const float4*>(qg) + i))
-                         : make_float4(__ldcg(qg + 4 * i), __ldcg(qg + 4 * i + 1), __ldcg(qg + 4 * i + 2),
-                                       __ldcg(qg + 4 * i + 3));
+    const float4 v = q16 ? __ldg(reinterpret_cast<const float4*>(qg) + i)
+                         : make_float4(qg[4 * i], qg[4 * i + 1], qg[4 * i + 2], qg[4 * i + 3]);
     *reinterpret_cast<float4*>(&sq[h * D + 4 * swz(h, u)]) = v;
   }
   __syncthreads();
@@ -343,7 +335,7 @@ namespace detail {
 cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
-                                 const float* rope_inv, const ActQ8Out& q8, const RopeKvIn& rope) {
+                                 const float* rope_inv, const ActQ8Out& q8) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && kv.D % 32 != 0))
     return cudaErrorInvalidValue;
@@ -353,10 +345,8 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
   const float sl2 = scale * 1.4426950408889634f;
   const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
   const bool fused = n_splits <= kAttnFusedSplits && kv.format == KvFormat::NVFP4 && G <= 4 && attn_fused_on();
-  AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
-  // the prologue only with the fresh token: the split warps then never read the row it writes
-  cudaError_t err = attn_rope(kv, n_heads, rope, fused && fresh_k, tail, stream);
-  if (err != cudaSuccess) return err;
+  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
+  cudaError_t err;
   if (kv.format == KvFormat::NVFP4)
     err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)
                       : launch_mma<KvFormat::NVFP4, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream);

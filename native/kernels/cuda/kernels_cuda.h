@@ -205,26 +205,11 @@ struct ActQ8Out {
   float* d = nullptr;
   int32_t* s = nullptr;
 };
-//   rope (optional, rope.q set): the step's rope_kv_write (M = 1, into kv's pools, n_heads q heads,
-//   kv.n_kv KV heads, kv.D, kv.format) done by the attention: inside its fused kernel (a max_ctx of
-//   <= 4 splits: each block ropes its heads' q and writes its KV head's row before reading them;
-//   the same bytes), else as a launch of its own before the attention. q is then unrotated on entry.
-struct RopeKvIn {
-  float* q = nullptr;
-  int ldq = 0;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int ldk = 0;
-  const int32_t* pos = nullptr;
-  const float* inv_freq = nullptr;
-  const int32_t* slots = nullptr;
-  int32_t* ctx = nullptr;
-};
 cudaError_t attention_decode(const PagedKv& kv, const float* q, int n_heads, const int32_t* ctx_dev,
                              int max_ctx, float scale, float* workspace, float* out,
                              cudaStream_t stream, const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                              const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
-                             const ActQ8Out& q8 = {}, const RopeKvIn& rope = {});
+                             const ActQ8Out& q8 = {});
 
 namespace detail {
 // attention_decode's f32 SIMT kernel (f16 / f32 pages; what attention_decode runs for them).
@@ -238,7 +223,7 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
                                  int max_ctx, float scale, float* workspace, float* out, cudaStream_t stream,
                                  const float* fresh_k = nullptr, const float* fresh_v = nullptr,
                                  const int32_t* rope_pos = nullptr, const float* rope_inv = nullptr,
-                                 const ActQ8Out& q8 = {}, const RopeKvIn& rope = {});
+                                 const ActQ8Out& q8 = {});
 }  // namespace detail
 
 // =====================================================================================

@@ -44,12 +44,13 @@ if __name__ == "__main__" and "--make-tensors" in sys.argv:  # runs before the e
 from app.bench import gpu_model  # noqa: E402
 
 SMOL = [("defaults", {}),
-        ("ATTN_ROPE=0 (rope + KV write a kernel of its own: call 1's step)", {"KVDECK_CUDA_ATTN_ROPE": "0"}),
-        ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"})]
+        ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
+        ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"}),
+        ("GEMV_GU=1 (gate/up at four chunks a lane, not pipelined)", {"KVDECK_CUDA_GEMV_GU": "1"})]
 BIG = [("defaults", {}),
-       ("ATTN_ROPE=0 (rope + KV write a kernel of its own: call 1's step)", {"KVDECK_CUDA_ATTN_ROPE": "0"}),
        ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"}),
-       ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"})]
+       ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"}),
+       ("GEMV_GU=0 (gate/up pipelined at two chunks: session 7's step)", {"KVDECK_CUDA_GEMV_GU": "0"})]
 
 # the session-7 host path: four uploads a step, the token downloaded into pageable memory, a
 # publish every forward (engine.cpp Scratch::pack, backend_cuda_state.h pinned_dl_)

@@ -23,12 +23,6 @@
 namespace kvdeck::cuda::detail {
 bool pdl_supported() { return false; }  // gemv.cu's; launch_kernel is compiled, never called here
 }  // namespace kvdeck::cuda::detail
-namespace kvdeck::cuda {  // fused.cu's (the launchers that call it are compiled, never called here)
-cudaError_t rope_kv_write(float*, int, int, const float*, const float*, int, int, int, int, const int32_t*,
-                          const float*, int, void*, void*, const int32_t*, int32_t*, cudaStream_t) {
-  return cudaErrorNotSupported;
-}
-}  // namespace kvdeck::cuda
 
 namespace {
 
@@ -217,57 +211,35 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
 
 // The fused kernel (attention_impl.cuh: one block of kAttnFusedSplits x 4 warps per KV head runs
 // every split and the combine): out and its q8 bit-identical to the split kernel + combine kernel
-// pair's, with and without the fresh token (rotated in the tail, as in the combine); rope: the
-// step's rope + KV write in its prologue (fresh only, as the backend uses it) against the
-// rope_kv_write kernel before the pair: q, the pools' bytes and ctx equal too.
+// pair's, with and without the fresh token (rotated in the tail, as in the combine).
 template <kc::KvFormat F, int D, int G>
-void fused_case(int n_kv, int ctx, int max_ctx, bool fresh, bool with_q8, bool rope = false, int B = 16) {
+void fused_case(int n_kv, int ctx, int max_ctx, bool fresh, bool with_q8, int B = 16) {
   std::mt19937 rng(17 + ctx * 5 + D + G + fresh);
   const int nh = n_kv * G, K = nh * D;
-  const Layer L0(KvDType(static_cast<int>(F)), std::max(ctx, 1), n_kv, D, max_ctx, rng, B);
+  Layer L(KvDType(static_cast<int>(F)), std::max(ctx, 1), n_kv, D, max_ctx, rng, B);
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> q0(K), fk(n_kv * D), fv(n_kv * D), inv(D / 2);
-  for (auto& x : q0) x = nd(rng);
+  std::vector<float> q(K), fk(n_kv * D), fv(n_kv * D), inv(D / 2);
+  for (auto& x : q) x = nd(rng);
   for (auto& x : fk) x = nd(rng);
   for (auto& x : fv) x = nd(rng);
   for (int i = 0; i < D / 2; ++i) inv[i] = float(std::pow(10000.0, -2.0 * i / D));
   const int32_t ctx_dev = ctx, rpos = ctx;
-  const int32_t slot = ctx / L0.B < int(L0.pages.size()) ? L0.pages[ctx / L0.B] * L0.B + ctx % L0.B : 0;  // rope: the new token's
   const int split = kc::attn_split_tokens(max_ctx), n_splits = kc::attn_splits(max_ctx);
-  const int n_pt = (max_ctx + L0.B - 1) / L0.B;
+  const int n_pt = (max_ctx + L.B - 1) / L.B;
   const float sl2 = float(1.0 / std::sqrt(double(D))) * 1.4426950408889634f;
+  const kc::detail::AttnFresh f{fresh ? q.data() : nullptr, fresh ? fk.data() : nullptr, fresh ? fv.data() : nullptr,
+                                sl2, G, fresh ? &rpos : nullptr, fresh ? inv.data() : nullptr};
   struct Res {
-    std::vector<float> out, d, q;
-    std::vector<int8_t> q8;
+    std::vector<float> out, d;
+    std::vector<int8_t> q;
     std::vector<int32_t> s;
-    std::vector<uint8_t> kb, vb;
-    int32_t ctx = -1;
   } r[2];
   for (int v = 0; v < 2; ++v) {
-    Layer L = L0;
-    std::vector<float> q = q0;
-    const kc::detail::AttnFresh f{fresh ? q.data() : nullptr, fresh ? fk.data() : nullptr,
-                                  fresh ? fv.data() : nullptr, sl2, G, fresh ? &rpos : nullptr,
-                                  fresh ? inv.data() : nullptr};
-    r[v] = {std::vector<float>(K, NAN), std::vector<float>(K / 32, NAN), {}, std::vector<int8_t>(K, 99),
+    r[v] = {std::vector<float>(K, NAN), std::vector<float>(K / 32, NAN), std::vector<int8_t>(K, 99),
             std::vector<int32_t>(K / 32, -1)};
-    const kc::ActQ8Out q8 = with_q8 ? kc::ActQ8Out{r[v].q8.data(), r[v].d.data(), r[v].s.data()} : kc::ActQ8Out{};
-    const kc::detail::RopeKvArgs ra{q.data(), K, nh, fk.data(), fv.data(), n_kv * D, n_kv, D, 1, &rpos, inv.data(),
-                                    static_cast<int>(F), L.k.data(), L.v.data(), &slot, &r[v].ctx};
+    const kc::ActQ8Out q8 = with_q8 ? kc::ActQ8Out{r[v].q.data(), r[v].d.data(), r[v].s.data()} : kc::ActQ8Out{};
     std::vector<float> ws(kc::attn_workspace_floats(nh, max_ctx, D), NAN);
     if (v == 0) {
-      if (rope) {  // fused.cu rope_kv_write_kernel's NVFP4 path, item for item
-        const size_t nq = size_t(nh) * (D / 2), nq_pad = (nq + 31) / 32 * 32, total = nq_pad + size_t(n_kv) * 2 * D;
-        emu::launch(dim3(unsigned((total + 127) / 128)), 128, [&] {
-          const size_t idx = size_t(blockIdx.x) * 128 + threadIdx.x;
-          if (idx == 0) ra.ctx[0] = ra.pos[0] + 1;
-          if (idx < nq_pad) {
-            if (idx < nq) kc::detail::rope_kv_item(ra, idx);
-            return;
-          }
-          kc::detail::kv_nvfp4_value(ra, idx - nq_pad, idx - nq_pad < size_t(n_kv) * 2 * D);
-        });
-      }
       emu::launch(dim3(unsigned(n_kv), unsigned(n_splits)), 128, [&] {
         kc::attn_mma_kernel<F, D, G, 1>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
                                         n_splits, n_pt, sl2, ws.data(), kc::detail::AttnTail{});
@@ -276,31 +248,24 @@ void fused_case(int n_kv, int ctx, int max_ctx, bool fresh, bool with_q8, bool r
         kc::attn_combine_kernel(ws.data(), &ctx_dev, split, n_splits, D, r[v].out.data(), f, q8, true);
       });
     } else {
-      kc::detail::AttnTail tail{r[v].out.data(), f, q8, true};
-      if (rope) tail.rope = ra;
+      const kc::detail::AttnTail tail{r[v].out.data(), f, q8, true};
       emu::launch(dim3(unsigned(n_kv)), 128 * kc::detail::kAttnFusedSplits, [&] {
         kc::attn_mma_kernel<F, D, G, kc::detail::kAttnFusedSplits>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv,
                                                                    q.data(), &ctx_dev, split, n_splits, n_pt, sl2,
                                                                    ws.data(), tail);
       });
     }
-    r[v].q = q, r[v].kb = L.k, r[v].vb = L.v;
   }
   size_t bad = 0;
   for (int i = 0; i < K; ++i) bad += std::memcmp(&r[0].out[i], &r[1].out[i], 4) != 0 || !std::isfinite(r[1].out[i]);
   if (with_q8) {
-    for (int i = 0; i < K; ++i) bad += r[0].q8[i] != r[1].q8[i];
+    for (int i = 0; i < K; ++i) bad += r[0].q[i] != r[1].q[i];
     for (int b = 0; b < K / 32; ++b) bad += std::memcmp(&r[0].d[b], &r[1].d[b], 4) != 0 || r[0].s[b] != r[1].s[b];
-  }
-  if (rope) {
-    bad += std::memcmp(r[0].q.data(), r[1].q.data(), 4 * size_t(K)) != 0;
-    bad += r[0].kb != r[1].kb, bad += r[0].vb != r[1].vb, bad += r[0].ctx != r[1].ctx || r[1].ctx != ctx + 1;
-    bad += r[0].kb == L0.k;  // the row was written at all
   }
   static const char* names[] = {"f32", "f16", "nvfp4", "nvfp4r", "k8v4"};
   char name[160];
-  std::snprintf(name, sizeof name, "fused == split+combine %s ctx=%d/%d h=%d/%d D=%d%s%s%s", names[static_cast<int>(F)],
-                ctx, max_ctx, nh, n_kv, D, fresh ? " fresh" : "", with_q8 ? " q8" : "", rope ? " rope" : "");
+  std::snprintf(name, sizeof name, "fused == split+combine %s ctx=%d/%d h=%d/%d D=%d%s%s", names[static_cast<int>(F)],
+                ctx, max_ctx, nh, n_kv, D, fresh ? " fresh" : "", with_q8 ? " q8" : "");
   report(name, double(bad), 0.0);
 }
 
@@ -343,8 +308,6 @@ int main() {
   fused_case<KvFormat::NVFP4, 128, 4>(1, 256, 256, true, false);
   fused_case<KvFormat::NVFP4, 64, 3>(3, 70, 200, false, true);
   fused_case<KvFormat::NVFP4, 64, 1>(2, 0, 64, true, true);
-  fused_case<KvFormat::NVFP4, 128, 4>(2, 40, 256, true, true, true);  // + the rope + KV write prologue
-  fused_case<KvFormat::NVFP4, 64, 3>(3, 200, 256, true, true, true);
   std::printf("%s: %d of %d checks passed\n", g_fail ? "FAIL" : "PASS", g_checks - g_fail, g_checks);
   return g_fail ? 1 : 0;
 }

@@ -178,7 +178,6 @@ inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 #define __syncthreads() emu::tl_block->all.arrive_and_wait()
 #define __syncwarp(...) emu::warp().bar.arrive_and_wait()  // the warp's barrier (attention_kpc4.cu)
 #define __forceinline__ inline
-#define __noinline__
 
 // A vector load from an address its type does not align faults on the GPU (misaligned
 // address, a sticky error): the emulation stops there too.
@@ -188,10 +187,6 @@ inline T __ldg(const T* p) {
     std::fprintf(stderr, "FAIL misaligned __ldg: %zu-byte load at %p\n", sizeof(T), static_cast<const void*>(p));
     std::abort();
   }
-  return *p;
-}
-template <class T>
-inline T __ldcg(const T* p) {
   return *p;
 }
 // The f32 intrinsics with a fixed rounding (never contracted on the GPU; no contraction here either).
@@ -228,11 +223,6 @@ inline uint32_t __float_as_uint(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
-}
-inline float __uint_as_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 using std::max;
 using std::min;
