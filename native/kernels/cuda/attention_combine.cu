@@ -35,19 +35,6 @@ namespace {
 // replaces); see combine_trigger for when.
 constexpr int kCombineThreads = 256;
 
-// Whether the q8-writing combine triggers the o GEMV early, for an o input of K = n_heads * D
-// values. Measured on the H200 (session 7, decode_ab.py, one call, interleaved): SmolLM2 (K 576,
-// an o GEMV of 144 blocks) 523.1 µs/token with the trigger against 548.8 without; the 8B (K
-// 4,096, 1,024 blocks) 1,954.9 with against 1,927.7 without. So short rows only (K <= 2,048: the
-// bound fitted to these two shapes, not measured between them). KVDECK_CUDA_COMBINE_TRIGGER=0 / 1
-// forces it off / on (A/B; read at every launch, so a graph records what its capture ran under).
-// Without q8 no trigger: the next kernel, quantize_act_q8, starts at the end, as before.
-bool combine_trigger(int K) {
-  const char* e = std::getenv("KVDECK_CUDA_COMBINE_TRIGGER");
-  if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return K <= 2048;
-}
-
 __global__ void __launch_bounds__(kCombineThreads)
 attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ctx_dev, int split,
                     int n_splits, int D, float* __restrict__ out, AttnFresh f, ActQ8Out q8, bool trigger) {
@@ -61,21 +48,8 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
   const float* base = ws + size_t(h) * n_splits * (D + 2);
   const int fg = f.k ? h / f.G : 0;
   if (f.k && warp == 0) {
-    float dot = 0.0f;
-    const float* kr = f.k + size_t(fg) * D;
-    const int half = D / 2;
-    for (int i = lane; i < D; i += 32) {
-      float kv = kr[i];
-      if (f.rope_inv) {  // as the rope kernels: f32 angle pos * inv_freq, rotate-half
-        const int j = i < half ? i : i - half;
-        float sn, cs;
-        sincosf(float(f.rope_pos[0]) * f.rope_inv[j], &sn, &cs);
-        kv = i < half ? kr[j] * cs - kr[j + half] * sn : kr[j + half] * cs + kr[j] * sn;
-      }
-      dot = fmaf(f.q[size_t(h) * D + i], kv, dot);
-    }
-    dot = warp_sum(dot);
-    if (lane == 0) stat[2] = dot * f.sl2;
+    const float sc = attn_fresh_score(f, h, D, lane);
+    if (lane == 0) stat[2] = sc;
   }
   // warp w's first kPre splits (w, w + 8, ...) at d = d0 + lane, loaded with the maxima
   constexpr int kWarpsC = kCombineThreads / 32, kPre = 8;
@@ -137,6 +111,30 @@ attn_combine_kernel(const float* __restrict__ ws, const int32_t* __restrict__ ct
 }  // namespace
 
 namespace detail {
+// Whether the q8-writing combine (or the fused tail, attention_impl.cuh) triggers the o GEMV
+// early, for an o input of K = n_heads * D values. Measured on the H200 (session 7, decode_ab.py, one call, interleaved): SmolLM2 (K 576,
+// an o GEMV of 144 blocks) 523.1 µs/token with the trigger against 548.8 without; the 8B (K
+// 4,096, 1,024 blocks) 1,954.9 with against 1,927.7 without. So short rows only (K <= 2,048: the
+// bound fitted to these two shapes, not measured between them). KVDECK_CUDA_COMBINE_TRIGGER=0 / 1
+// forces it off / on (A/B; read at every launch, so a graph records what its capture ran under).
+// Without q8 no trigger: the next kernel, quantize_act_q8, starts at the end, as before.
+// The fused kernel (attention_impl.cuh) triggers after its main loop for every K: measured on
+// the 8B (K 4,096) in session 10 (decode_ab.py, interleaved), 1,834.8 µs/token with it against
+// 1,863.5 without (call 1; call 2, with the later-removed rope prologue: 1,885.7 / 1,911.2): its o
+// GEMV no longer follows a 256-block combine kernel but a kernel of 8 blocks.
+bool combine_trigger(int K, bool fused) {
+  const char* e = std::getenv("KVDECK_CUDA_COMBINE_TRIGGER");
+  if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return fused || K <= 2048;
+}
+
+// KVDECK_CUDA_ATTN_FUSED=0: the split kernel + combine pair at every max_ctx (A/B; read at every
+// launch, like the trigger's switch).
+bool attn_fused_on() {
+  const char* e = std::getenv("KVDECK_CUDA_ATTN_FUSED");
+  return !(e && e[0] == '0');
+}
+
 cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int split, int n_splits, int D,
                                 int n_heads, float* out, cudaStream_t stream, const AttnFresh& fresh,
                                 const ActQ8Out& q8) {
@@ -144,7 +142,7 @@ cudaError_t launch_attn_combine(const float* ws, const int32_t* ctx_dev, int spl
   if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && D % 32 != 0))
     return cudaErrorInvalidValue;
   return launch_kernel(attn_combine_kernel, dim3(n_heads, (D + 31) / 32), dim3(kCombineThreads), stream,
-                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger(n_heads * D));
+                       /*pdl=*/true, ws, ctx_dev, split, n_splits, D, out, fresh, q8, q8.q != nullptr && combine_trigger(n_heads * D, false));
 }
 }  // namespace detail
 

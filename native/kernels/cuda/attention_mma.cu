@@ -62,19 +62,23 @@ struct MergeLayout {
   __device__ static constexpr int at(int h, int d) { return h * SH + (d / (D / 8)) * SG + d % (D / 8); }
 };
 
-template <KvFormat F, int D, int G>
-__global__ void __launch_bounds__(kAttnWarps * 32, F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
+// S = 1: grid (n_kv, n_splits), the split's partial to ws, the combine kernel merges. S =
+// kAttnFusedSplits (attention_impl.cuh, n_splits <= S): grid (n_kv), block warp w runs warp w % 4
+// of split w / 4 as above, then the block combines (attn_fused_tail) into tail.out.
+template <KvFormat F, int D, int G, int S>
+__global__ void __launch_bounds__(kAttnWarps * 32 * S, S > 1 ? 1 : F == KvFormat::NVFP4 ? 4 : 3)  // 16 / 12 warps per SM
 attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ vbase,
                 const int32_t* __restrict__ pages, int block, int n_kv, const float* __restrict__ q,
                 const int32_t* __restrict__ ctx_dev, int split, int n_splits, int n_pt, float scale_log2,
-                float* __restrict__ ws) {
+                float* __restrict__ ws, AttnTail tail) {
   using R = KvRegs<F, D>;
   constexpr int KS = D / 16;  // k slices of S; also m tiles of O^T
   static_assert(F != KvFormat::F16 && F != KvFormat::F32, "the 4-bit formats");
   constexpr bool kRS = Fmt<F>::kRowScale;
   constexpr float kPv = kRS ? 256.0f : 1.0f;  // P x V row scale x 256 keeps small products normal in f16
-  const int g_kv = blockIdx.x, sp = blockIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, gid = lane >> 2, tig = lane & 3;
+  const int g_kv = blockIdx.x, sp = S == 1 ? blockIdx.y : threadIdx.x / (kAttnWarps * 32);
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % kAttnWarps, wb = threadIdx.x / 32;
+  const int gid = lane >> 2, tig = lane & 3;
   const int per_warp = split / kAttnWarps;  // a multiple of 16: chunks never straddle a page
   const int t_begin = sp * split, w_begin = t_begin + warp * per_warp;
   // issued before ctx is known: page indices (the table covers max_ctx) and Q
@@ -97,7 +101,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   };
   const float* qg = q + size_t(g_kv) * G * D;
   const bool q16 = (reinterpret_cast<uintptr_t>(qg) & 15u) == 0;  // block-uniform
-  for (int i = threadIdx.x; i < G * D / 4; i += kAttnWarps * 32) {
+  for (int i = threadIdx.x; i < G * D / 4; i += kAttnWarps * 32 * S) {
     const int h = i / (D / 4), u = i % (D / 4);
     const float4 v = q16 ? __ldg(reinterpret_cast<const float4*>(qg) + i)
                          : make_float4(qg[4 * i], qg[4 * i + 1], qg[4 * i + 2], qg[4 * i + 3]);
@@ -119,7 +123,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
       qhi[j][hlf] = h2bits(__floats2half2_rn(qv[r] * (scale_log2 * kQs), qv[r + o2] * (scale_log2 * kQs)));
     }
   const int ctx = *ctx_dev;
-  if (t_begin >= ctx) return;
+  if (S == 1 && t_begin >= ctx) return;  // (fused: its warps run no chunk and write no partial)
   const int t_end = min(ctx, t_begin + split);
   const int w_end = min(t_end, w_begin + per_warp);
 
@@ -220,7 +224,7 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
     if (t0 + 32 < w_end) issue(t0 + 32, ra);
     chunk(rb, t0 + 16);
   }
-  pdl_launch_dependents();  // the combine kernel may start (it waits for this grid to finish)
+  if (S == 1 || tail.trigger) pdl_launch_dependents();  // the combine (the o GEMV) may start: it waits for this grid
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, o);
@@ -230,45 +234,52 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
   // ---- merge the warps in shared memory, write the split's partial ----------------------
   // the warps' weights 2^(m_w - max) once per head, then each thread sums pairs of outputs
   using ML = MergeLayout<D>;
-  __shared__ __align__(16) float so[kAttnWarps][G * ML::SH];
-  __shared__ float sm[kAttnWarps][G], sl[kAttnWarps][G], wt[kAttnWarps][G];
+  __shared__ __align__(16) float so[kAttnWarps * S][G * ML::SH];
+  __shared__ float sm[kAttnWarps * S][G], sl[kAttnWarps * S][G], wt[kAttnWarps * S][G];
 #pragma unroll
   for (int i = 0; i < KS; ++i) {
     const int d = gid * (D / 8) + 2 * i;
-    if (2 * tig < G) *reinterpret_cast<float2*>(&so[warp][ML::at(2 * tig, d)]) = make_float2(oc[i][0], oc[i][2]);
-    if (2 * tig + 1 < G) *reinterpret_cast<float2*>(&so[warp][ML::at(2 * tig + 1, d)]) = make_float2(oc[i][1], oc[i][3]);
+    if (2 * tig < G) *reinterpret_cast<float2*>(&so[wb][ML::at(2 * tig, d)]) = make_float2(oc[i][0], oc[i][2]);
+    if (2 * tig + 1 < G) *reinterpret_cast<float2*>(&so[wb][ML::at(2 * tig + 1, d)]) = make_float2(oc[i][1], oc[i][3]);
   }
   if (gid == 0) {
-    if (2 * tig < G) sm[warp][2 * tig] = m0, sl[warp][2 * tig] = l0;
-    if (2 * tig + 1 < G) sm[warp][2 * tig + 1] = m1, sl[warp][2 * tig + 1] = l1;
+    if (2 * tig < G) sm[wb][2 * tig] = m0, sl[wb][2 * tig] = l0;
+    if (2 * tig + 1 < G) sm[wb][2 * tig + 1] = m1, sl[wb][2 * tig + 1] = l1;
   }
   __syncthreads();
-  if (threadIdx.x < G) {  // warp 0 always had tokens (w_begin = t_begin < ctx): mx is finite
-    const int h = threadIdx.x;
-    float mx = sm[0][h];
+  const int live = S == 1 ? 1 : (ctx + split - 1) / split;  // the block's live splits (fused: <= n_splits <= S)
+  if (threadIdx.x < live * G) {  // warp 0 of a live split always had tokens (w_begin = t_begin < ctx): mx is finite
+    const int h = threadIdx.x % G, ss = S == 1 ? sp : threadIdx.x / G, w0 = (ss - (S == 1 ? sp : 0)) * kAttnWarps;
+    float mx = sm[w0][h];
 #pragma unroll
-    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][h]);
+    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w0 + w][h]);
     float lsum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) {
-      const float cw = exp2f(sm[w][h] - mx);
-      wt[w][h] = cw * (kNvfp4Shift / kPv);  // V values carried 2^-7 (and P the row scale's 256)
-      lsum += cw * sl[w][h];
+      const float cw = exp2f(sm[w0 + w][h] - mx);
+      wt[w0 + w][h] = cw * (kNvfp4Shift / kPv);  // V values carried 2^-7 (and P the row scale's 256)
+      lsum += cw * sl[w0 + w][h];
     }
-    float* dst = ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2);
+    float* dst = ws + (size_t(g_kv * G + h) * n_splits + ss) * (D + 2);
     dst[D] = mx, dst[D + 1] = lsum;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < G * D / 2; i += kAttnWarps * 32) {
-    const int h = i / (D / 2), d = 2 * (i % (D / 2));
+  for (int i = threadIdx.x; i < live * G * D / 2; i += kAttnWarps * 32 * S) {
+    const int h = i / (D / 2) % G, d = 2 * (i % (D / 2));
+    const int ss = S == 1 ? sp : i / (G * D / 2), w0 = (ss - (S == 1 ? sp : 0)) * kAttnWarps;
     float2 acc = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) {
-      const float cw = wt[w][h];
-      const float2 o = *reinterpret_cast<const float2*>(&so[w][ML::at(h, d)]);  // d, d + 1: one group
+      const float cw = wt[w0 + w][h];
+      const float2 o = *reinterpret_cast<const float2*>(&so[w0 + w][ML::at(h, d)]);  // d, d + 1: one group
       acc.x += cw * o.x, acc.y += cw * o.y;
     }
-    *reinterpret_cast<float2*>(ws + (size_t(g_kv * G + h) * n_splits + sp) * (D + 2) + d) = acc;  // 8-byte aligned: D + 2, d even
+    *reinterpret_cast<float2*>(ws + (size_t(g_kv * G + h) * n_splits + ss) * (D + 2) + d) = acc;  // 8-byte aligned: D + 2, d even
+  }
+  if constexpr (S > 1) {
+    __shared__ float cst[G * (S + 2)];
+    __syncthreads();  // the partials in ws are visible to the block
+    attn_fused_tail<G, D>(ws, n_splits, live, g_kv, tail, cst);
   }
 }
 
@@ -276,15 +287,31 @@ attn_mma_kernel(const uint8_t* __restrict__ kbase, const uint8_t* __restrict__ v
 // Launchers
 // =====================================================================================
 
+// The split kernel (+ the combine kernel), or with fused (n_splits <= kAttnFusedSplits, NVFP4,
+// G <= 4: the fused block's merge buffer fits the 48 KB of static shared memory) the fused kernel alone.
 template <KvFormat F, int D>
-cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, const int32_t* ctx, int split,
-                       int n_splits, int n_pt, float sl2, float* ws, cudaStream_t st) {
+cudaError_t launch_mma(const PagedKv& kv, int G, int n_splits, const float* q, const int32_t* ctx, int split,
+                       int n_pt, float sl2, float* ws, bool fused, const AttnTail& tail, cudaStream_t st) {
   const auto* k = static_cast<const uint8_t*>(kv.k);
   const auto* v = static_cast<const uint8_t*>(kv.v);
-#define KVDECK_MMA_CASE(GG)                                                                          \
-  case GG:                                                                                           \
-    return launch_kernel(attn_mma_kernel<F, D, GG>, grid, dim3(kAttnWarps * 32), st, /*pdl=*/true, k, v, kv.pages, \
-                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws);
+  const dim3 grid(kv.n_kv, n_splits), threads(kAttnWarps * 32);
+  const dim3 grid_f(kv.n_kv), threads_f(kAttnWarps * 32 * kAttnFusedSplits);
+#define KVDECK_MMA_CASE(GG)                                                                                     \
+  case GG:                                                                                                      \
+    return launch_kernel(attn_mma_kernel<F, D, GG, 1>, grid, threads, st, /*pdl=*/true, k, v, kv.pages,        \
+                         kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws, AttnTail{});
+#define KVDECK_MMA_FUSED_CASE(GG)                                                                               \
+  case GG:                                                                                                      \
+    return launch_kernel(attn_mma_kernel<F, D, GG, kAttnFusedSplits>, grid_f, threads_f, st, /*pdl=*/true, k, v, \
+                         kv.pages, kv.block, kv.n_kv, q, ctx, split, n_splits, n_pt, sl2, ws, tail);
+  if constexpr (F == KvFormat::NVFP4)
+    if (fused) switch (G) {
+        KVDECK_MMA_FUSED_CASE(1)
+        KVDECK_MMA_FUSED_CASE(2)
+        KVDECK_MMA_FUSED_CASE(3)
+        KVDECK_MMA_FUSED_CASE(4)
+        default: return cudaErrorInvalidValue;
+      }
   switch (G) {
     KVDECK_MMA_CASE(1)
     KVDECK_MMA_CASE(2)
@@ -297,6 +324,7 @@ cudaError_t launch_mma(const PagedKv& kv, int G, dim3 grid, const float* q, cons
     default: return cudaErrorInvalidValue;
   }
 #undef KVDECK_MMA_CASE
+#undef KVDECK_MMA_FUSED_CASE
   return cudaGetLastError();
 }
 
@@ -309,25 +337,28 @@ cudaError_t attention_decode_mma(const PagedKv& kv, const float* q, int n_heads,
                                  const float* fresh_k, const float* fresh_v, const int32_t* rope_pos,
                                  const float* rope_inv, const ActQ8Out& q8) {
   if (!attn_shape_ok(kv, n_heads, max_ctx)) return cudaErrorInvalidValue;
+  if ((q8.q == nullptr) != (q8.d == nullptr) || (q8.q == nullptr) != (q8.s == nullptr) || (q8.q && kv.D % 32 != 0))
+    return cudaErrorInvalidValue;
   const int G = n_heads / kv.n_kv;
   const int split = attn_split_tokens(max_ctx), n_splits = attn_splits(max_ctx);
   const int n_pt = (max_ctx + kv.block - 1) / kv.block;
-  const dim3 grid(kv.n_kv, n_splits);
   const float sl2 = scale * 1.4426950408889634f;
+  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
+  const bool fused = n_splits <= kAttnFusedSplits && kv.format == KvFormat::NVFP4 && G <= 4 && attn_fused_on();
+  const AttnTail tail{out, f, q8, q8.q != nullptr && combine_trigger(n_heads * kv.D, fused)};
   cudaError_t err;
   if (kv.format == KvFormat::NVFP4)
-    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_mma<KvFormat::NVFP4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream)
+                      : launch_mma<KvFormat::NVFP4, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, fused, tail, stream);
   else if (kv.format == KvFormat::NVFP4R)
-    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_mma<KvFormat::NVFP4R, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_mma<KvFormat::NVFP4R, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, false, tail, stream)
+                      : launch_mma<KvFormat::NVFP4R, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, false, tail, stream);
   else if (kv.format == KvFormat::K8V4)
-    err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream)
-                      : launch_mma<KvFormat::K8V4, 64>(kv, G, grid, q, ctx_dev, split, n_splits, n_pt, sl2, workspace, stream);
+    err = kv.D == 128 ? launch_mma<KvFormat::K8V4, 128>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, false, tail, stream)
+                      : launch_mma<KvFormat::K8V4, 64>(kv, G, n_splits, q, ctx_dev, split, n_pt, sl2, workspace, false, tail, stream);
   else
     return cudaErrorInvalidValue;
-  if (err != cudaSuccess) return err;
-  const AttnFresh f{fresh_k ? q : nullptr, fresh_k, fresh_v, sl2, G, rope_pos, rope_inv};
+  if (err != cudaSuccess || fused) return err;
   return launch_attn_combine(workspace, ctx_dev, split, n_splits, kv.D, n_heads, out, stream, f, q8);
 }
 

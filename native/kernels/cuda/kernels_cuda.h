@@ -200,6 +200,9 @@ inline size_t attn_workspace_floats(int n_heads, int max_ctx, int D) {
 //   q8 (optional, all three pointers or none): out quantised as quantize_act_q8(out, 1,
 //   n_heads * D, n_heads * D, q8.q, q8.d, q8.s) would (bit-identical), by the combine kernel
 //   that finishes each 32-block: the o projection's input without a kernel of its own.
+//   NVFP4 pages with n_heads / n_kv <= 4 and max_ctx <= 256 (<= 4 splits): the splits and the
+//   combine run as one kernel, one block per KV head (attention_impl.cuh; the same results bit
+//   for bit; KVDECK_CUDA_ATTN_FUSED=0, read at every launch: the two kernels).
 struct ActQ8Out {
   int8_t* q = nullptr;
   float* d = nullptr;

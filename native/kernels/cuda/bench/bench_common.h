@@ -31,6 +31,7 @@ struct Options {
   size_t rotate_bytes = size_t(256) << 20;  // copies of the inputs at least this large (> 4x L2)
   double copy_gbs = 0;      // measured device copy bandwidth (read + write), GB/s
   bool attn_decode = false; // --attn-decode: the decode attention rows only (no prefill, no kpc4)
+  bool gemv1 = false;       // --gemv1: the batch-1 GEMV rows of the 8B shapes only
 };
 
 // One line of results: validation or timing.

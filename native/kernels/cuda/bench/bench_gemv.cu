@@ -308,6 +308,10 @@ void bench_gemv(Options& o) {
                         {"lm_head", 4096, 128256}};
   // validation-only shapes: K not a multiple of 32 (padding), N not a multiple of the rows
   // per block, every M
+  if (o.gemv1) {  // --gemv1: batch 1 of the five shapes only (validated, then timed)
+    for (const Shape& s : full) run_shape(o, s, {1}, true);
+    return;
+  }
   const Shape small[] = {{"pad", 1000, 77}, {"wide", 14336, 130}};
   for (const Shape& s : small) run_shape(o, s, {1, 2, 3, 4, 5, 6, 7, 8}, false);
   if (o.quick) {

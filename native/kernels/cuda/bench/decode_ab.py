@@ -48,8 +48,8 @@ SMOL = [("defaults", {}),
         ("COMBINE_TRIGGER=0 (q8 in the combine, no trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"}),
         ("GEMV_GU=1 (gate/up at four chunks a lane, not pipelined)", {"KVDECK_CUDA_GEMV_GU": "1"})]
 BIG = [("defaults", {}),
-       ("ATTN_Q8=0 (o's q8 kernel: session 6's step)", {"KVDECK_CUDA_ATTN_Q8": "0"}),
-       ("COMBINE_TRIGGER=1 (q8 in the combine, early trigger)", {"KVDECK_CUDA_COMBINE_TRIGGER": "1"}),
+       ("ATTN_FUSED=0 (split kernel + combine: session 8's step)", {"KVDECK_CUDA_ATTN_FUSED": "0"}),
+       ("COMBINE_TRIGGER=0 (fused, o GEMV not triggered early)", {"KVDECK_CUDA_COMBINE_TRIGGER": "0"}),
        ("GEMV_GU=0 (gate/up pipelined at two chunks: session 7's step)", {"KVDECK_CUDA_GEMV_GU": "0"})]
 
 # the session-7 host path: four uploads a step, the token downloaded into pageable memory, a

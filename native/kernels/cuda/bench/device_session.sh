@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine (the `device` tool's H200): build the Python module with the CUDA
 # backend for this GPU, run the CUDA tests, then the benchmarks; logs and JSON under OUT.
-#   device_session.sh OUT [gemm] [fused] [tests] [bench] [peer] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [real] [seed] [cpu] [noseed]
+#   device_session.sh OUT [gemm] [fused] [tests] [bench] [peer] [8b] [profile] [prefill] [ab] [pf8b] [kernels] [gemv1] [real] [seed] [cpu] [noseed]
 # ab: decode_ab.py (interleaved A/B of the decode switches: SmolLM2 and the 8B shape); with pf8b among the
 #     steps also the 32-layer 8B prefill A/B (NVFP4 on the f16 mma / on the int8 mma, GEMM_NVFP4=i8) on that engine.
 # tests: TESTS_K in the environment selects tests by pytest -k (e.g. "not new_attention").
@@ -12,6 +12,8 @@
 #       peer: built on cores 6-15 in the background from the start (~5 min) with its random 8B Q4_0 GGUF; the
 #       step waits for it, runs pp512 / tg128 at depth 0 and 4096, flash attention on, -r 3, into
 #       OUT/llama-bench-8b.jsonl, which a later `8b` step passes to `bench gpu --peer`. Put it before `8b`.
+# gemv1: gpu_bench --gemv1 (the batch-1 GEMV rows of the five 8B shapes, validated, incl. the R/U tune
+#        rows), gpu_bench built with bench/build.sh on cores 8-15 in the background from the start.
 # real: the fetched default model (carried by device_weights.sh) through tests/cuda/test_real_model.py
 #       and the seed-000 task via `kvdeck check-prefix --device cuda` (wheels carried in .whl/).
 # Needs cmake, ninja, pybind11, numpy and pytest under python3 (the device image has them).
@@ -36,6 +38,12 @@ if [[ " $* " == *" peer "* ]]; then
   else
     echo "peer: no .peer here (run ../shared/tools/llamacpp-peer/fetch.sh and carry .peer)"
   fi
+fi
+gb_pid=
+if [[ " $* " == *" gemv1 "* ]]; then
+  ( KVDECK_CUDA_ARCH=-arch=sm_90 JOBS=8 taskset -c 8-15 bash native/kernels/cuda/bench/build.sh build/cuda/gpu_bench ) \
+    >/tmp/gpu-bench-build.log 2>&1 &
+  gb_pid=$!
 fi
 cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVDECK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DPython_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" >"$out/cmake.log" 2>&1 \
@@ -109,6 +117,9 @@ for step in "$@"; do
       for m in smollm2 "8b $pf8b"; do
         PYTHONPATH=. timeout 240 python3 native/kernels/cuda/bench/decode_ab.py $m 2>&1 | tee -a "$out/ab.log"
       done ;;
+    gemv1)
+      wait $gb_pid || { tail -30 /tmp/gpu-bench-build.log; continue; }
+      timeout 200 build/cuda/gpu_bench --gemv1 --json "$out/gemv1.json" 2>&1 | tee "$out/gemv1.log" | tail -80 ;;
     kernels)
       timeout 500 python3 native/kernels/cuda/bench/run_bench.py --json "$out/kernels.json" 2>&1 \
         | tee "$out/kernels.log" | tail -60 ;;

@@ -1,6 +1,6 @@
 // gpu_bench.cu — validation and benchmark of kvdeck's CUDA kernels (native/kernels/cuda).
 //
-//   gpu_bench [--quick] [--attn | --attn-decode] [--reps N] [--json FILE] | --profile-attn
+//   gpu_bench [--quick] [--attn | --attn-decode | --gemv1] [--reps N] [--json FILE] | --profile-attn
 //
 // Each kernel is checked against the CPU oracle (native/kernels/cpu scalar kernels and the
 // format codecs of native/src/formats.cpp, or a float64 loop) and, without --quick, timed
@@ -242,13 +242,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!std::strcmp(argv[i], "--attn")) attn_only = true;  // the attention rows only
+    else if (!std::strcmp(argv[i], "--gemv1")) o.gemv1 = true;  // batch-1 GEMV rows of the 8B shapes only
     else if (!std::strcmp(argv[i], "--attn-decode")) attn_only = o.attn_decode = true;  // decode rows only
     else if (!std::strcmp(argv[i], "--profile-attn")) {
       bench::profile_attention(o);
       return 0;
     }
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--attn | --attn-decode] [--reps N] [--json FILE] | --profile-attn\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--attn | --attn-decode | --gemv1] [--reps N] [--json FILE] | --profile-attn\n", argv[0]);
       return 2;
     }
   }
@@ -258,12 +259,14 @@ int main(int argc, char** argv) {
               p.l2CacheSize >> 20);
   o.rotate_bytes = std::max<size_t>(o.rotate_bytes, size_t(p.l2CacheSize) * 4);
   if (!o.quick) o.copy_gbs = bench::measure_copy_gbs(o);
-  if (!attn_only) {
+  if (o.gemv1) {
+    bench::bench_gemv(o);
+  } else if (!attn_only) {
     bench::check_contracts();
     bench::bench_elementwise(o);
     bench::bench_gemv(o);
   }
-  bench::bench_attention(o);
+  if (!o.gemv1) bench::bench_attention(o);
   if (json) bench::write_json(o, json);
   int fails = 0, checks = 0;
   for (const auto& r : bench::records())

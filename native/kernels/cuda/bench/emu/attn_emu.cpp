@@ -16,6 +16,7 @@
 #include "kvdeck/ops_cpu.h"
 
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -156,8 +157,8 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
   const int32_t ctx_dev = ctx;
   const float sl2 = float(1.0 / std::sqrt(double(D))) * 1.4426950408889634f;
   emu::launch(dim3(unsigned(n_kv), unsigned(n_splits)), 128, [&] {
-    kc::attn_mma_kernel<F, D, G>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
-                                       n_splits, n_pt, sl2, ws.data());
+    kc::attn_mma_kernel<F, D, G, 1>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
+                                    n_splits, n_pt, sl2, ws.data(), kc::detail::AttnTail{});
   });
   std::vector<float> out(q.size());
   const int live = (ctx + split - 1) / split;
@@ -208,6 +209,66 @@ void decode_case(int n_kv, int ctx, int max_ctx, double bound, int B = 16) {
   report(name, bad ? INFINITY : rel_err(cout, formula), 1e-5);
 }
 
+// The fused kernel (attention_impl.cuh: one block of kAttnFusedSplits x 4 warps per KV head runs
+// every split and the combine): out and its q8 bit-identical to the split kernel + combine kernel
+// pair's, with and without the fresh token (rotated in the tail, as in the combine).
+template <kc::KvFormat F, int D, int G>
+void fused_case(int n_kv, int ctx, int max_ctx, bool fresh, bool with_q8, int B = 16) {
+  std::mt19937 rng(17 + ctx * 5 + D + G + fresh);
+  const int nh = n_kv * G, K = nh * D;
+  Layer L(KvDType(static_cast<int>(F)), std::max(ctx, 1), n_kv, D, max_ctx, rng, B);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(K), fk(n_kv * D), fv(n_kv * D), inv(D / 2);
+  for (auto& x : q) x = nd(rng);
+  for (auto& x : fk) x = nd(rng);
+  for (auto& x : fv) x = nd(rng);
+  for (int i = 0; i < D / 2; ++i) inv[i] = float(std::pow(10000.0, -2.0 * i / D));
+  const int32_t ctx_dev = ctx, rpos = ctx;
+  const int split = kc::attn_split_tokens(max_ctx), n_splits = kc::attn_splits(max_ctx);
+  const int n_pt = (max_ctx + L.B - 1) / L.B;
+  const float sl2 = float(1.0 / std::sqrt(double(D))) * 1.4426950408889634f;
+  const kc::detail::AttnFresh f{fresh ? q.data() : nullptr, fresh ? fk.data() : nullptr, fresh ? fv.data() : nullptr,
+                                sl2, G, fresh ? &rpos : nullptr, fresh ? inv.data() : nullptr};
+  struct Res {
+    std::vector<float> out, d;
+    std::vector<int8_t> q;
+    std::vector<int32_t> s;
+  } r[2];
+  for (int v = 0; v < 2; ++v) {
+    r[v] = {std::vector<float>(K, NAN), std::vector<float>(K / 32, NAN), std::vector<int8_t>(K, 99),
+            std::vector<int32_t>(K / 32, -1)};
+    const kc::ActQ8Out q8 = with_q8 ? kc::ActQ8Out{r[v].q.data(), r[v].d.data(), r[v].s.data()} : kc::ActQ8Out{};
+    std::vector<float> ws(kc::attn_workspace_floats(nh, max_ctx, D), NAN);
+    if (v == 0) {
+      emu::launch(dim3(unsigned(n_kv), unsigned(n_splits)), 128, [&] {
+        kc::attn_mma_kernel<F, D, G, 1>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv, q.data(), &ctx_dev, split,
+                                        n_splits, n_pt, sl2, ws.data(), kc::detail::AttnTail{});
+      });
+      emu::launch(dim3(unsigned(nh), unsigned(D / 32)), kc::kCombineThreads, [&] {
+        kc::attn_combine_kernel(ws.data(), &ctx_dev, split, n_splits, D, r[v].out.data(), f, q8, true);
+      });
+    } else {
+      const kc::detail::AttnTail tail{r[v].out.data(), f, q8, true};
+      emu::launch(dim3(unsigned(n_kv)), 128 * kc::detail::kAttnFusedSplits, [&] {
+        kc::attn_mma_kernel<F, D, G, kc::detail::kAttnFusedSplits>(L.k.data(), L.v.data(), L.pages.data(), L.B, n_kv,
+                                                                   q.data(), &ctx_dev, split, n_splits, n_pt, sl2,
+                                                                   ws.data(), tail);
+      });
+    }
+  }
+  size_t bad = 0;
+  for (int i = 0; i < K; ++i) bad += std::memcmp(&r[0].out[i], &r[1].out[i], 4) != 0 || !std::isfinite(r[1].out[i]);
+  if (with_q8) {
+    for (int i = 0; i < K; ++i) bad += r[0].q[i] != r[1].q[i];
+    for (int b = 0; b < K / 32; ++b) bad += std::memcmp(&r[0].d[b], &r[1].d[b], 4) != 0 || r[0].s[b] != r[1].s[b];
+  }
+  static const char* names[] = {"f32", "f16", "nvfp4", "nvfp4r", "k8v4"};
+  char name[160];
+  std::snprintf(name, sizeof name, "fused == split+combine %s ctx=%d/%d h=%d/%d D=%d%s%s", names[static_cast<int>(F)],
+                ctx, max_ctx, nh, n_kv, D, fresh ? " fresh" : "", with_q8 ? " q8" : "");
+  report(name, double(bad), 0.0);
+}
+
 }  // namespace
 
 int main() {
@@ -240,6 +301,13 @@ int main() {
   decode_case<KvFormat::NVFP4, 64, 3>(1, 1500, 30000, 2e-3, 32);
   decode_case<KvFormat::NVFP4R, 128, 4>(1, 2990, 40000, 2e-3);
   decode_case<KvFormat::K8V4, 64, 3>(1, 1500, 30000, 2e-3, 32);
+  // the fused kernel (max_ctx <= 4 splits of 64): live splits 1 / 3 / 4 of 4, a partial chunk, fresh
+  // tokens (ctx 0: the fresh token alone), with and without the q8, G 4 / 3 / 1, D 128 / 64
+  fused_case<KvFormat::NVFP4, 128, 4>(2, 17, 256, true, true);
+  fused_case<KvFormat::NVFP4, 128, 4>(2, 150, 256, false, true);
+  fused_case<KvFormat::NVFP4, 128, 4>(1, 256, 256, true, false);
+  fused_case<KvFormat::NVFP4, 64, 3>(3, 70, 200, false, true);
+  fused_case<KvFormat::NVFP4, 64, 1>(2, 0, 64, true, true);
   std::printf("%s: %d of %d checks passed\n", g_fail ? "FAIL" : "PASS", g_checks - g_fail, g_checks);
   return g_fail ? 1 : 0;
 }

@@ -189,6 +189,11 @@ inline T __ldg(const T* p) {
   }
   return *p;
 }
+// The f32 intrinsics with a fixed rounding (never contracted on the GPU; no contraction here either).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int o) {
   return emu::shfl(v, emu::lane() ^ o);
